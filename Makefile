@@ -1,0 +1,40 @@
+# The project's entry points. Everything that needs root says so.
+CARGO ?= cargo
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: setup build build-release test lint fmt demo bench bench-quick clean
+
+setup:
+	./scripts/setup.sh
+
+build:
+	$(CARGO) build --workspace --bins
+
+build-release:
+	$(CARGO) build --workspace --bins --release
+
+# Unit tests, and the root tests in isolated network namespaces (they skip, saying
+# so, when not root). Binaries are built first: the e2e tests run them.
+test: setup build
+	$(CARGO) nextest run --workspace --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+# The local demo mesh (needs root).
+demo: setup build
+	$(CARGO) run -q -p e2e --bin demo
+
+# Mesh against direct, side by side (needs root). bench-quick is the short run CI uses.
+bench: setup build-release
+	$(CARGO) run -q --release -p e2e --bin bench
+
+bench-quick: setup build-release
+	$(CARGO) run -q --release -p e2e --bin bench -- --quick
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,92 @@
+//! Running the mesh's own binaries inside test namespaces, and reading what they
+//! report (readiness, Prometheus metrics, admin dumps).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::netns::Netns;
+use crate::process::{wait_for, ChildGuard};
+use crate::workspace_binary;
+
+/// Writes a fresh mesh root in Istio's plug-in CA layout (`ztunnel ca init`).
+pub fn ca_init(dir: &Path) -> Result<()> {
+    let out = Command::new(binary("ztunnel")?)
+        .args(["ca", "init", "--out"])
+        .arg(dir)
+        .output()?;
+    if !out.status.success() {
+        bail!("ztunnel ca init failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// Path of a workspace binary, with a clear error when it was not built.
+pub fn binary(name: &str) -> Result<std::path::PathBuf> {
+    let path = workspace_binary(name);
+    if !path.exists() {
+        bail!("{} is missing: run `cargo build --workspace --bins` first (make test does)", path.display());
+    }
+    Ok(path)
+}
+
+/// A dedicated-mode ztunnel in `ns`, configured the way an Istio user would
+/// (environment variables only), killed when dropped.
+pub fn start_dedicated_ztunnel(
+    ns: &Netns,
+    workload_info: &str,
+    ca_dir: &Path,
+    local_config: &Path,
+) -> Result<ChildGuard> {
+    let mut cmd = ns.command(binary("ztunnel")?.to_str().context("path")?);
+    cmd.env("PROXY_MODE", "dedicated")
+        .env("PROXY_WORKLOAD_INFO", workload_info)
+        .env("XDS_ADDRESS", "")
+        .env("CA_CERTS_DIR", ca_dir)
+        .env("LOCAL_XDS_PATH", local_config)
+        .env("RUST_LOG", std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()));
+    let name = format!("ztunnel-{}", ns.name());
+    let guard = ChildGuard::spawn(&name, cmd)?;
+    wait_ready(ns, &guard)?;
+    Ok(guard)
+}
+
+/// Waits until ztunnel's readiness endpoint answers 200.
+pub fn wait_ready(ns: &Netns, ztunnel: &ChildGuard) -> Result<()> {
+    wait_for("ztunnel readiness", Duration::from_secs(20), || {
+        http_get(ns, "http://127.0.0.1:15021/healthz/ready").ok()
+    })
+    .with_context(|| format!("ztunnel log:\n{}", ztunnel.log()))?;
+    Ok(())
+}
+
+/// HTTP GET from inside `ns` (via `e2e-app get`); the body on a 200.
+pub fn http_get(ns: &Netns, url: &str) -> Result<String> {
+    ns.stdout(&[binary("e2e-app")?.to_str().context("path")?, "get", url])
+}
+
+/// Prometheus text from ztunnel's metrics port in `ns`.
+pub fn ztunnel_metrics(ns: &Netns) -> Result<String> {
+    http_get(ns, "http://127.0.0.1:15020/metrics")
+}
+
+/// Sum of every sample of `name` whose labels include all of `labels`.
+pub fn metric_sum(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, label_text) = series.split_once('{').unwrap_or((series, ""));
+            if metric != name {
+                return None;
+            }
+            let all = labels
+                .iter()
+                .all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\"")));
+            all.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}

@@ -1,0 +1,94 @@
+//! Child processes that never outlive the test that started them.
+
+use anyhow::{Context, Result};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process killed (by its own pid, never by name) when dropped.
+#[derive(Debug)]
+pub struct ChildGuard {
+    name: String,
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    /// Starts `cmd` with stdout and stderr captured into a log file under the system
+    /// temp dir, so failures can be diagnosed with [`ChildGuard::log`].
+    pub fn spawn(name: &str, mut cmd: Command) -> Result<Self> {
+        let log_path = Self::log_path_for(name);
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd.spawn().with_context(|| format!("starting {name}: {cmd:?}"))?;
+        Ok(ChildGuard {
+            name: name.to_owned(),
+            child: Some(child),
+        })
+    }
+
+    fn log_path_for(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("{}{}-{name}.log", crate::netns::PREFIX, std::process::id()))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// What the process has printed so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(Self::log_path_for(&self.name)).unwrap_or_default()
+    }
+
+    /// Sends `signal` to the process (e.g. `libc::SIGTERM`).
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit; returns its exit code if it did.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Kills the process and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- log of {} ---\n{}", self.name, self.log());
+        }
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or fails after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return Ok(value);
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what the demo, tests and benchmarks need on a fresh Debian machine.
+# Idempotent: a machine that already has everything is left alone.
+set -euo pipefail
+
+need_root() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup needs root (apt-get, network namespaces, iptables): run it with sudo" >&2
+    exit 1
+  fi
+}
+
+packages=(iptables iproute2 iperf3 containernetworking-plugins procps)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  need_root
+  echo "installing: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo not found: install Rust with rustup (https://rustup.rs), then rerun" >&2
+  exit 1
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "installing cargo-nextest from crates.io"
+  cargo install --locked cargo-nextest >/dev/null
+fi

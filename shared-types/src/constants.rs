@@ -1,0 +1,59 @@
+//! Istio's public names, ports and marks. Changing any of these breaks drop-in
+//! compatibility with Istio's own components.
+
+/// Label (namespace or pod) that enrolls workloads in ambient mode.
+pub const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
+pub const DATAPLANE_MODE_AMBIENT: &str = "ambient";
+pub const DATAPLANE_MODE_NONE: &str = "none";
+
+/// Pod annotation the node agent writes once redirection is live.
+pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
+pub const REDIRECTION_ENABLED: &str = "enabled";
+pub const REDIRECTION_PENDING: &str = "pending";
+pub const BYPASS_INBOUND_CAPTURE_ANNOTATION: &str = "ambient.istio.io/bypass-inbound-capture";
+pub const DNS_CAPTURE_ANNOTATION: &str = "ambient.istio.io/dns-capture";
+/// Present on sidecar-injected pods, which ambient never captures.
+pub const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
+
+pub const SYSTEM_NAMESPACE: &str = "istio-system";
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+
+/// Outbound capture inside each pod netns.
+pub const OUTBOUND_CAPTURE_PORT: u16 = 15001;
+/// Inbound plaintext capture (sources without mesh identity).
+pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
+/// Inbound HBONE: mutual TLS + HTTP/2 CONNECT.
+pub const HBONE_PORT: u16 = 15008;
+pub const DNS_CAPTURE_PORT: u16 = 15053;
+pub const ZTUNNEL_ADMIN_PORT: u16 = 15000;
+pub const ZTUNNEL_METRICS_PORT: u16 = 15020;
+pub const ZTUNNEL_READINESS_PORT: u16 = 15021;
+pub const AGENT_HEALTH_PORT: u16 = 8000;
+pub const AGENT_METRICS_PORT: u16 = 15014;
+
+/// Ports ztunnel itself listens on; traffic addressed to them is refused so a
+/// misrouted packet can never loop through the proxy.
+pub const PROXY_PORTS: [u16; 3] = [OUTBOUND_CAPTURE_PORT, INBOUND_PLAINTEXT_PORT, HBONE_PORT];
+
+/// `SO_MARK` ztunnel sets on every socket it owns (`PACKET_MARK`), so capture skips it.
+pub const DEFAULT_PACKET_MARK: u32 = 0x539;
+/// Connmark that tags connections owned by ztunnel, and its mask.
+pub const CONNMARK: u32 = 0x111;
+pub const CONNMARK_MASK: u32 = 0xfff;
+/// Policy-routing table and rule priority for ztunnel's transparent sockets.
+pub const ROUTE_TABLE: u32 = 100;
+pub const ROUTE_RULE_PRIORITY: u32 = 32764;
+
+/// Source address kubelet probes are SNATed to, so in-pod rules let them through.
+pub const PROBE_SNAT_IPV4: &str = "169.254.7.127";
+pub const PROBE_SNAT_IPV6: &str = "fd16:9254:7127:1337:ffff:ffff:ffff:ffff";
+
+/// Default locations on the node.
+pub const DEFAULT_CNI_RUN_DIR: &str = "/var/run/istio-cni";
+pub const DEFAULT_CNI_CONF_DIR: &str = "/etc/cni/net.d";
+pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
+pub const DEFAULT_ZDS_SOCKET: &str = "/var/run/ztunnel/ztunnel.sock";
+pub const PLUGIN_EVENT_SOCKET: &str = "pluginevent.sock";
+pub const PLUGIN_LOG_SOCKET: &str = "log.sock";
+/// Type name of our entry in the CNI chain.
+pub const CNI_PLUGIN_TYPE: &str = "istio-cni";

@@ -1,0 +1,5 @@
+//! What every binary of the mesh agrees on: Istio's names, ports and marks, and the
+//! wire structs that cross a process boundary.
+
+pub mod cni;
+pub mod constants;

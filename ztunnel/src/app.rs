@@ -1,0 +1,185 @@
+//! Wires ztunnel's parts together and runs them until shutdown.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::admin::Admin;
+use crate::config::{Config, ProxyMode};
+use crate::discovery::local::watch_local_file;
+use crate::drain::Drain;
+use crate::identity::{CertificateAuthority, Identity, SecretManager};
+use crate::metrics::Metrics;
+use crate::proxy::connections::ConnectionManager;
+use crate::proxy::{ListenAddrs, Listeners, LocalWorkload, ProxyInputs};
+use crate::readiness::Readiness;
+use crate::state::StateStore;
+use crate::telemetry::LogHandle;
+use crate::{http, socket};
+
+/// Runs ztunnel until SIGTERM, SIGINT or `/quitquitquit`, then drains.
+pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
+    if !config.xds_address.is_empty() {
+        warn!(xds = %config.xds_address, "XDS_ADDRESS is set, but this ztunnel reads its configuration from LOCAL_XDS_PATH (and Kubernetes); ignoring it");
+    }
+    if !config.ca_address.is_empty() {
+        warn!(ca = %config.ca_address, "CA_ADDRESS is set, but certificates are minted from CA_CERTS_DIR; ignoring it");
+    }
+    let ca_dir = config
+        .ca_certs_dir
+        .as_deref()
+        .context("CA_CERTS_DIR (--ca-certs-dir) is required: a directory in Istio's plug-in CA layout, e.g. from `ztunnel ca init --out DIR`")?;
+    let ca = CertificateAuthority::load(ca_dir)
+        .with_context(|| format!("loading the mesh CA from {}", ca_dir.display()))?;
+    let certs = SecretManager::new(Arc::new(ca), config.workload_cert_ttl);
+    let state = StateStore::new();
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Readiness::new();
+    let startup = readiness.register("startup");
+    let shutdown = CancellationToken::new();
+    let drain = Drain::new();
+    let connections = ConnectionManager::new();
+
+    serve_operations(&config, &state, &certs, &metrics, &readiness, logging, &shutdown).await?;
+
+    if let Some(path) = &config.local_xds_path {
+        watch_local_file(
+            path.clone(),
+            state.clone(),
+            metrics.local_config_reloads.clone(),
+            metrics.local_config_errors.clone(),
+            shutdown.clone(),
+        )
+        .await
+        .with_context(|| format!("loading LOCAL_XDS_PATH {}", path.display()))?;
+    }
+    tokio::spawn(
+        connections
+            .clone()
+            .watch(state.clone(), metrics.clone(), shutdown.clone()),
+    );
+
+    match config.proxy_mode {
+        ProxyMode::Dedicated => {
+            let info = config
+                .proxy_workload_info
+                .clone()
+                .context("PROXY_MODE=dedicated needs PROXY_WORKLOAD_INFO=<namespace>/<name>/<service-account>")?;
+            let local = LocalWorkload {
+                identity: Identity::new(&config.trust_domain, &info.namespace, &info.service_account),
+                namespace: info.namespace,
+                name: info.name,
+            };
+            certs
+                .fetch(&local.identity)
+                .context("minting the workload certificate")?;
+            let sockets = socket::local(config.packet_mark);
+            let addrs = ListenAddrs {
+                outbound: config.outbound_addr,
+                inbound: config.inbound_addr,
+                inbound_plaintext: config.inbound_plaintext_addr,
+            };
+            let listeners = Listeners::bind(sockets.as_ref(), addrs, false).context("binding the proxy listeners")?;
+            listeners.spawn(ProxyInputs {
+                state: state.clone(),
+                certs: certs.clone(),
+                metrics: metrics.clone(),
+                connections,
+                sockets,
+                local,
+                drain: drain.clone(),
+                transparent_inbound: false,
+                cluster_id: config.cluster_id.clone(),
+            });
+        }
+        ProxyMode::Shared => {
+            bail!("PROXY_MODE=shared (in-pod mode) is not available in this build; run with PROXY_MODE=dedicated")
+        }
+    }
+    drop(startup);
+    info!(mode = ?config.proxy_mode, "ztunnel is ready");
+
+    wait_for_shutdown(&shutdown).await;
+    info!(deadline = ?config.drain_deadline, active = drain.active(), "draining");
+    let cut = drain.drain(config.drain_deadline).await;
+    shutdown.cancel();
+    info!(cut, "ztunnel stopped");
+    Ok(())
+}
+
+/// Admin (15000), metrics (15020) and readiness (15021).
+async fn serve_operations(
+    config: &Config,
+    state: &StateStore,
+    certs: &SecretManager,
+    metrics: &Arc<Metrics>,
+    readiness: &Readiness,
+    logging: Option<LogHandle>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let admin = Admin {
+        state: state.clone(),
+        certs: certs.clone(),
+        logging,
+        shutdown: shutdown.clone(),
+        config: serde_json::to_value(config).unwrap_or_default(),
+        extra: Arc::new(serde_json::Map::new),
+    };
+    let listener = bind(config.admin_addr, "admin").await?;
+    tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {
+        let admin = admin.clone();
+        async move { admin.handle(req).await }
+    }));
+
+    let listener = bind(config.metrics_addr, "metrics").await?;
+    let metrics = metrics.clone();
+    tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {
+        let metrics = metrics.clone();
+        async move {
+            match req.path.as_str() {
+                "/metrics" | "/stats/prometheus" => {
+                    let mut response = http::text(::http::StatusCode::OK, metrics.encode());
+                    response.headers_mut().insert(
+                        ::http::header::CONTENT_TYPE,
+                        ::http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                    );
+                    response
+                }
+                _ => http::text(::http::StatusCode::NOT_FOUND, "not found\n"),
+            }
+        }
+    }));
+
+    let listener = bind(config.readiness_addr, "readiness").await?;
+    let readiness = readiness.clone();
+    tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {
+        let readiness = readiness.clone();
+        async move { readiness.handle(req).await }
+    }));
+    Ok(())
+}
+
+async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the {what} server to {addr}"))
+}
+
+async fn wait_for_shutdown(shutdown: &CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            warn!(error = %e, "cannot listen for SIGTERM");
+            return shutdown.cancelled().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
+        () = shutdown.cancelled() => info!("shutdown requested"),
+    }
+}

@@ -1,0 +1,144 @@
+//! ztunnel's configuration: Istio's environment variable names, with a clap flag
+//! beside each, so an Istio user's settings carry over unchanged.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use shared_types::constants::{DEFAULT_PACKET_MARK, DEFAULT_TRUST_DOMAIN, DEFAULT_ZDS_SOCKET};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+pub enum ProxyMode {
+    /// One ztunnel per node serving every enrolled pod (in-pod mode, driven over ZDS).
+    Shared,
+    /// One ztunnel serving one workload, e.g. on a VM (`PROXY_WORKLOAD_INFO`).
+    Dedicated,
+}
+
+/// `PROXY_WORKLOAD_INFO=<namespace>/<name>/<service account>`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct WorkloadInfo {
+    pub namespace: String,
+    pub name: String,
+    pub service_account: String,
+}
+
+impl FromStr for WorkloadInfo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split('/').collect::<Vec<_>>()[..] {
+            [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => Ok(WorkloadInfo {
+                namespace: ns.into(),
+                name: name.into(),
+                service_account: sa.into(),
+            }),
+            _ => Err(format!("expected <namespace>/<name>/<service-account>, got {s:?}")),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Args, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    /// Shared (node proxy, in-pod) or dedicated (one workload, e.g. a VM).
+    #[arg(long, env = "PROXY_MODE", value_enum, default_value = "shared")]
+    pub proxy_mode: ProxyMode,
+    /// The workload a dedicated ztunnel serves: namespace/name/serviceaccount.
+    #[arg(long, env = "PROXY_WORKLOAD_INFO")]
+    pub proxy_workload_info: Option<WorkloadInfo>,
+    /// xDS control plane. Empty means none: configuration comes from LOCAL_XDS_PATH
+    /// (and, in shared mode, from the Kubernetes API).
+    #[arg(long, env = "XDS_ADDRESS", default_value = "")]
+    pub xds_address: String,
+    /// Remote CA. Empty means the in-process CA loaded from CA_CERTS_DIR.
+    #[arg(long, env = "CA_ADDRESS", default_value = "")]
+    pub ca_address: String,
+    /// Directory in Istio's plug-in CA layout (ca-cert.pem, ca-key.pem,
+    /// root-cert.pem, cert-chain.pem) that signs workload certificates.
+    #[arg(long, env = "CA_CERTS_DIR")]
+    pub ca_certs_dir: Option<PathBuf>,
+    /// Istio ztunnel local config (YAML: workloads, services, policies). Reloaded on change.
+    #[arg(long, env = "LOCAL_XDS_PATH")]
+    pub local_xds_path: Option<PathBuf>,
+    /// ZDS socket of the node agent (shared mode).
+    #[arg(long, env = "INPOD_UDS", default_value = DEFAULT_ZDS_SOCKET)]
+    pub inpod_uds: PathBuf,
+    /// SO_MARK on every socket ztunnel owns, so capture rules skip it.
+    #[arg(long, env = "PACKET_MARK", default_value_t = DEFAULT_PACKET_MARK)]
+    pub packet_mark: u32,
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    pub node_name: String,
+    #[arg(long, env = "TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    #[arg(long, env = "ZTUNNEL_WORKER_THREADS", default_value_t = 2)]
+    pub worker_threads: usize,
+    /// Lifetime of minted workload certificates; renewed at half-life.
+    #[arg(long, env = "WORKLOAD_CERT_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub workload_cert_ttl: Duration,
+    /// How long in-flight connections may take to finish on shutdown.
+    #[arg(long, env = "TERMINATION_GRACE_PERIOD", default_value = "5s", value_parser = parse_duration)]
+    pub drain_deadline: Duration,
+    #[arg(long, env = "ADMIN_ADDR", default_value = "127.0.0.1:15000")]
+    pub admin_addr: SocketAddr,
+    #[arg(long, env = "STATS_ADDR", default_value = "0.0.0.0:15020")]
+    pub metrics_addr: SocketAddr,
+    #[arg(long, env = "READINESS_ADDR", default_value = "0.0.0.0:15021")]
+    pub readiness_addr: SocketAddr,
+    /// Outbound capture listener (dedicated mode; REDIRECT sends captured traffic here).
+    #[arg(long, env = "OUTBOUND_ADDR", default_value = "127.0.0.1:15001")]
+    pub outbound_addr: SocketAddr,
+    /// Inbound HBONE listener (dedicated mode).
+    #[arg(long, env = "INBOUND_ADDR", default_value = "0.0.0.0:15008")]
+    pub inbound_addr: SocketAddr,
+    /// Inbound plaintext listener (dedicated mode).
+    #[arg(long, env = "INBOUND_PLAINTEXT_ADDR", default_value = "0.0.0.0:15006")]
+    pub inbound_plaintext_addr: SocketAddr,
+}
+
+/// Durations as Istio writes them: `500ms`, `30s`, `5m`, `24h`, or bare seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "s"), |i| (&s[..i], &s[i..]));
+    let value: f64 = number.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
+    };
+    if !seconds.is_finite() || seconds < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_info_parses_istio_form() {
+        let info: WorkloadInfo = "vms/db-1/db".parse().unwrap();
+        assert_eq!(info.namespace, "vms");
+        assert_eq!(info.name, "db-1");
+        assert_eq!(info.service_account, "db");
+        assert!("vms/db-1".parse::<WorkloadInfo>().is_err());
+        assert!("a//c".parse::<WorkloadInfo>().is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86400));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,24 @@
+//! ztunnel: the node proxy of the ambient mesh.
+//!
+//! Modules follow the proxy's concerns: `identity` and `tls` give every workload a
+//! SPIFFE certificate and the TLS configs built from it; `state` is the one source of
+//! truth the proxies read (workloads, services, policies), fed by `discovery`; `hbone`
+//! carries user connections over HTTP/2 CONNECT; `proxy` owns the listeners; `app`
+//! wires everything together.
+
+pub mod admin;
+pub mod app;
+pub mod capture;
+pub mod config;
+pub mod discovery;
+pub mod drain;
+pub mod hbone;
+pub mod http;
+pub mod identity;
+pub mod metrics;
+pub mod proxy;
+pub mod readiness;
+pub mod socket;
+pub mod state;
+pub mod telemetry;
+pub mod tls;

@@ -1,0 +1,127 @@
+//! ztunnel binary: parses flags and environment, then starts the app.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use ztunnel::capture::{Family, HostCapture};
+use ztunnel::config::Config;
+use ztunnel::identity::CertificateAuthority;
+
+#[derive(Parser)]
+#[command(name = "ztunnel", version, about = "Ambient mesh node proxy: HBONE over mutual TLS")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    config: Config,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Mesh CA helpers.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+    /// Host traffic capture for dedicated mode (VMs): send outbound TCP to ztunnel.
+    Capture {
+        #[command(subcommand)]
+        action: CaptureAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaCommand {
+    /// Write a fresh self-signed root in Istio's plug-in CA layout.
+    Init {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, env = "TRUST_DOMAIN", default_value = shared_types::constants::DEFAULT_TRUST_DOMAIN)]
+        trust_domain: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum CaptureAction {
+    /// Print the iptables-restore input without applying it.
+    Print(CaptureArgs),
+    /// Install (or replace) the rules in one transaction.
+    Apply(CaptureArgs),
+    /// Remove the rules; nothing else is touched.
+    Remove {
+        #[arg(long)]
+        ipv6: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct CaptureArgs {
+    /// Destination CIDRs never captured (repeatable), e.g. a management network.
+    #[arg(long = "exclude-cidr")]
+    exclude_cidrs: Vec<ipnet::IpNet>,
+    /// Destination ports never captured (repeatable), e.g. 22.
+    #[arg(long = "exclude-port")]
+    exclude_ports: Vec<u16>,
+    /// Local ports whose inbound plaintext traffic goes through ztunnel (repeatable).
+    #[arg(long = "inbound-port")]
+    inbound_ports: Vec<u16>,
+    #[arg(long, env = "PACKET_MARK", default_value_t = shared_types::constants::DEFAULT_PACKET_MARK)]
+    mark: u32,
+    /// Also (or only) for IPv6, via ip6tables.
+    #[arg(long)]
+    ipv6: bool,
+}
+
+impl CaptureArgs {
+    fn rules(&self) -> (HostCapture, Family) {
+        let capture = HostCapture {
+            mark: self.mark,
+            exclude_cidrs: self.exclude_cidrs.clone(),
+            exclude_ports: self.exclude_ports.clone(),
+            inbound_ports: self.inbound_ports.clone(),
+        };
+        (capture, if self.ipv6 { Family::V6 } else { Family::V4 })
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Ca {
+            command: CaCommand::Init { out, trust_domain },
+        }) => {
+            let ca = CertificateAuthority::generate_self_signed(&trust_domain)?;
+            ca.write(&out)?;
+            println!("wrote a self-signed mesh root for {trust_domain} to {}", out.display());
+            Ok(())
+        }
+        Some(Command::Capture { action }) => match action {
+            CaptureAction::Print(args) => {
+                let (capture, family) = args.rules();
+                print!("{}", capture.render(family, true));
+                Ok(())
+            }
+            CaptureAction::Apply(args) => {
+                let (capture, family) = args.rules();
+                capture.apply(family)?;
+                println!("outbound TCP now goes through ztunnel (chain {})", ztunnel::capture::OUTPUT_CHAIN);
+                Ok(())
+            }
+            CaptureAction::Remove { ipv6 } => {
+                HostCapture::remove(if ipv6 { Family::V6 } else { Family::V4 })?;
+                println!("capture rules removed");
+                Ok(())
+            }
+        },
+        None => {
+            let config = cli.config;
+            let logging = ztunnel::telemetry::init();
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(config.worker_threads.max(1))
+                .thread_name("ztunnel-worker")
+                .enable_all()
+                .build()?;
+            runtime.block_on(ztunnel::app::run(config, Some(logging)))
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Inbound HBONE (15008): terminates mutual TLS, checks each CONNECT (method,
+//! authority, local workload, policy), dials the target and copies.
+//!
+//! Answers follow Istio: 200 connected; 400 malformed authority or an authority that
+//! is not the address the connection reached; 401 denied by policy; 405 not CONNECT;
+//! 503 unknown workload or upstream failure.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
+use http::{Method, Request, StatusCode};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn, Instrument};
+
+use super::ProxyInputs;
+use crate::hbone::server::{respond_status, serve_connection};
+use crate::hbone::stream::{copy_bidirectional, H2Stream};
+use crate::hbone::HANDSHAKE_TIMEOUT;
+use crate::identity::{Identity, WorkloadCertificate};
+use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
+use crate::socket;
+use crate::state::policy::ConnectionAttrs;
+use crate::tls;
+
+#[derive(Clone)]
+pub struct Inbound {
+    inputs: ProxyInputs,
+    server_config: Arc<ServerConfigCache>,
+}
+
+/// The TLS server config for the current leaf, rebuilt only when the leaf renews.
+#[derive(Default)]
+struct ServerConfigCache {
+    current: Mutex<Option<(Arc<WorkloadCertificate>, Arc<rustls::ServerConfig>)>>,
+}
+
+/// The authenticated peer of one HBONE connection.
+#[derive(Clone, Debug)]
+struct Peer {
+    addr: SocketAddr,
+    /// The local address the connection reached.
+    local: SocketAddr,
+    identity: Identity,
+}
+
+impl Inbound {
+    pub fn new(inputs: ProxyInputs) -> Self {
+        Inbound {
+            inputs,
+            server_config: Arc::default(),
+        }
+    }
+
+    pub async fn run(self, listener: TcpListener) {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = self.inputs.drain.accepting_stopped() => break,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let this = self.clone();
+                    let span = tracing::debug_span!("inbound", src = %peer);
+                    self.inputs
+                        .drain
+                        .spawn(async move { this.serve(stream, socket::to_canonical(peer)).await }.instrument(span));
+                }
+                Err(e) => {
+                    warn!(error = %e, "inbound accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn tls_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
+        let cert = self
+            .inputs
+            .certs
+            .fetch(&self.inputs.local.identity)
+            .map_err(|e| e.to_string())?;
+        let mut current = self.server_config.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cached, config)) = current.as_ref() {
+            if Arc::ptr_eq(cached, &cert) {
+                return Ok(config.clone());
+            }
+        }
+        let config = tls::server_config(&cert).map_err(|e| e.to_string())?;
+        *current = Some((cert, config.clone()));
+        Ok(config)
+    }
+
+    async fn serve(&self, tcp: TcpStream, peer_addr: SocketAddr) {
+        let metrics = &self.inputs.metrics;
+        let local = match tcp.local_addr() {
+            Ok(local) => socket::to_canonical(local),
+            Err(_) => return,
+        };
+        let config = match self.tls_config() {
+            Ok(config) => config,
+            Err(e) => {
+                warn!(error = %e, "no certificate for the local workload");
+                metrics.error("no_certificate");
+                return;
+            }
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                info!(error = %e, "TLS handshake failed");
+                metrics.error("tls_handshake");
+                return;
+            }
+            Err(_) => {
+                info!("TLS handshake timed out");
+                metrics.error("tls_handshake");
+                return;
+            }
+        };
+        let Some(identity) = tls::peer_identity(tls.get_ref().1) else {
+            // The verifier already requires one; this is only defence in depth.
+            metrics.error("no_peer_identity");
+            return;
+        };
+        let peer = Peer {
+            addr: peer_addr,
+            local,
+            identity,
+        };
+        let this = self.clone();
+        let drain = self.inputs.drain.accepting_token();
+        let result = serve_connection(tls, drain, move |request, respond| {
+            let this = this.clone();
+            let peer = peer.clone();
+            async move { this.handle(peer, request, respond).await }
+        })
+        .await;
+        if let Err(e) = result {
+            debug!(error = %e, "HBONE connection ended");
+            metrics.error("hbone_protocol");
+        }
+    }
+
+    async fn handle(&self, peer: Peer, request: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+        let metrics = &self.inputs.metrics;
+        let refuse = |respond: &mut SendResponse<Bytes>, status: StatusCode, reason: &'static str| {
+            metrics.error(reason);
+            respond_status(respond, status);
+        };
+        if request.method() != Method::CONNECT {
+            info!(method = %request.method(), "refusing HBONE request that is not CONNECT");
+            return refuse(&mut respond, StatusCode::METHOD_NOT_ALLOWED, "not_connect");
+        }
+        let Some(target) = request
+            .uri()
+            .authority()
+            .and_then(|a| a.as_str().parse::<SocketAddr>().ok())
+            .map(socket::to_canonical)
+        else {
+            info!(uri = %request.uri(), "refusing CONNECT with a malformed authority");
+            return refuse(&mut respond, StatusCode::BAD_REQUEST, "bad_authority");
+        };
+        if target.ip() != peer.local.ip() {
+            info!(%target, reached = %peer.local, "refusing CONNECT for an address the connection did not reach");
+            return refuse(&mut respond, StatusCode::BAD_REQUEST, "authority_mismatch");
+        }
+        let state = &self.inputs.state;
+        let Some(dst) = state.workload_by_ip(target.ip()).filter(|w| self.inputs.local.is(w)) else {
+            info!(%target, "refusing CONNECT for a workload that is not local");
+            return refuse(&mut respond, StatusCode::SERVICE_UNAVAILABLE, "unknown_workload");
+        };
+        let source = state.workload_by_ip(peer.addr.ip());
+        let labels = ConnectionLabels::new(Reporter::destination)
+            .with_source(source.as_deref(), Some(&peer.identity))
+            .with_destination(Some(&dst), Some(&self.inputs.local.identity))
+            .mutual_tls();
+        let attrs = ConnectionAttrs {
+            src_identity: Some(peer.identity.clone()),
+            src_ip: peer.addr.ip(),
+            dst: target,
+        };
+        if let Err(denied) = state.authorize(&attrs, &dst) {
+            info!(src = %peer.identity, %target, reason = %denied, "connection denied by policy");
+            let mut denied_labels = labels.clone();
+            denied_labels.response_flags = "DENY".into();
+            metrics.connections_failed.get_or_create(&denied_labels).inc();
+            return refuse(&mut respond, StatusCode::UNAUTHORIZED, "policy_denied");
+        }
+        // In-pod, the app sees the client pod's own address: the HBONE connection was
+        // opened from inside that pod's namespace. The `forwarded` header is not
+        // trusted for this, so a peer cannot make us spoof an arbitrary address.
+        let source_ip = self.inputs.transparent_inbound.then_some(peer.addr.ip());
+        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await {
+            Ok(upstream) => upstream,
+            Err(e) => {
+                info!(%target, error = %e, "upstream connect failed");
+                metrics.connections_failed.get_or_create(&labels).inc();
+                return refuse(&mut respond, StatusCode::SERVICE_UNAVAILABLE, "upstream_connect");
+            }
+        };
+        let response = http::Response::new(());
+        let send = match respond.send_response(response, false) {
+            Ok(send) => send,
+            Err(e) => {
+                debug!(error = %e, "client went away before the answer");
+                return;
+            }
+        };
+        let registration = self.inputs.connections.register(attrs);
+        let recorder = ConnectionRecorder::open(metrics, labels);
+        let stream = H2Stream::new(send, request.into_body());
+        tokio::select! {
+            result = copy_bidirectional(upstream, stream, &recorder.sent, &recorder.received) => match result {
+                Ok(t) => debug!(%target, down = t.tcp_to_stream, up = t.stream_to_tcp, "connection closed"),
+                Err(e) => debug!(%target, error = %e, "connection ended with an error"),
+            },
+            () = registration.revoked.cancelled() => {
+                info!(%target, src = %peer.identity, "connection closed: no longer allowed by policy");
+            }
+        }
+    }
+}

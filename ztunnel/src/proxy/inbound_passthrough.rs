@@ -1,0 +1,108 @@
+//! Inbound plaintext (15006): traffic from sources without a mesh identity, which
+//! the capture rules redirected. Policy is checked with no peer identity, then the
+//! bytes pass through to the application.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn, Instrument};
+
+use super::{is_proxy_port, ProxyInputs};
+use crate::hbone::stream::copy_tcp;
+use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
+use crate::socket::{self, original_dst};
+use crate::state::policy::ConnectionAttrs;
+
+#[derive(Clone)]
+pub struct InboundPassthrough {
+    inputs: ProxyInputs,
+}
+
+impl InboundPassthrough {
+    pub fn new(inputs: ProxyInputs) -> Self {
+        InboundPassthrough { inputs }
+    }
+
+    pub async fn run(self, listener: TcpListener) {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = self.inputs.drain.accepting_stopped() => break,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let this = self.clone();
+                    let span = tracing::debug_span!("inbound_plaintext", src = %peer);
+                    self.inputs
+                        .drain
+                        .spawn(async move { this.handle(stream, socket::to_canonical(peer)).await }.instrument(span));
+                }
+                Err(e) => {
+                    warn!(error = %e, "inbound plaintext accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn handle(&self, client: TcpStream, peer: SocketAddr) {
+        let metrics = &self.inputs.metrics;
+        let target = match original_dst(&client) {
+            Ok(dst) => dst,
+            Err(e) => {
+                debug!(error = %e, "no original destination");
+                metrics.error("no_original_destination");
+                return;
+            }
+        };
+        if is_proxy_port(target.port()) {
+            metrics.error("loop_prevented");
+            return;
+        }
+        let state = &self.inputs.state;
+        let Some(dst) = state.workload_by_ip(target.ip()).filter(|w| self.inputs.local.is(w)) else {
+            info!(%target, "plaintext connection for a workload that is not local");
+            metrics.error("unknown_workload");
+            return;
+        };
+        let source = state.workload_by_ip(peer.ip());
+        let labels = ConnectionLabels::new(Reporter::destination)
+            .with_source(source.as_deref(), None)
+            .with_destination(Some(&dst), Some(&self.inputs.local.identity));
+        let attrs = ConnectionAttrs {
+            src_identity: None,
+            src_ip: peer.ip(),
+            dst: target,
+        };
+        if let Err(denied) = state.authorize(&attrs, &dst) {
+            info!(src = %peer, %target, reason = %denied, "plaintext connection denied by policy");
+            let mut denied_labels = labels;
+            denied_labels.response_flags = "DENY".into();
+            metrics.connections_failed.get_or_create(&denied_labels).inc();
+            metrics.error("policy_denied");
+            return;
+        }
+        let source_ip = self.inputs.transparent_inbound.then_some(peer.ip());
+        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await {
+            Ok(upstream) => upstream,
+            Err(e) => {
+                debug!(%target, error = %e, "upstream connect failed");
+                metrics.connections_failed.get_or_create(&labels).inc();
+                return;
+            }
+        };
+        let registration = self.inputs.connections.register(attrs);
+        let recorder = ConnectionRecorder::open(metrics, labels);
+        tokio::select! {
+            result = copy_tcp(client, upstream, &recorder.received, &recorder.sent) => {
+                if let Err(e) = result {
+                    debug!(%target, error = %e, "plaintext connection ended with an error");
+                }
+            }
+            () = registration.revoked.cancelled() => {
+                info!(%target, src = %peer, "connection closed: no longer allowed by policy");
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Outbound (15001): connections the capture rules redirected from the local
+//! workload. Mesh destinations get an HBONE tunnel, services are resolved to an
+//! endpoint, everything else passes through as plain TCP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn, Instrument};
+
+use super::{is_proxy_port, ProxyInputs};
+use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
+use crate::hbone::stream::{copy_bidirectional, copy_tcp};
+use crate::identity::Identity;
+use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
+use crate::socket::{self, original_dst};
+use crate::state::service::Service;
+use crate::state::workload::{Protocol, Workload};
+use shared_types::constants::HBONE_PORT;
+
+/// How long pooled HBONE connections may sit idle (Istio: 5 minutes).
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Clone)]
+pub struct Outbound {
+    inputs: ProxyInputs,
+    pool: Arc<Pool>,
+}
+
+/// Where an outbound connection goes.
+#[derive(Debug)]
+enum Route {
+    /// Through the destination's ztunnel.
+    Hbone {
+        workload: Arc<Workload>,
+        service: Option<Arc<Service>>,
+        target: SocketAddr,
+    },
+    /// Straight to the destination (non-mesh, or a mesh workload without HBONE).
+    Passthrough {
+        workload: Option<Arc<Workload>>,
+        service: Option<Arc<Service>>,
+        target: SocketAddr,
+    },
+}
+
+impl Outbound {
+    pub fn new(inputs: ProxyInputs) -> Self {
+        let pool = Pool::new(
+            inputs.certs.clone(),
+            inputs.sockets.clone(),
+            inputs.metrics.clone(),
+            POOL_IDLE_TIMEOUT,
+        );
+        Outbound { inputs, pool }
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub async fn run(self, listener: TcpListener) {
+        let local_addr = listener.local_addr().ok();
+        debug!(addr = ?local_addr, "outbound listener started");
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = self.inputs.drain.accepting_stopped() => break,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let this = self.clone();
+                    let span = tracing::debug_span!("outbound", src = %peer);
+                    self.inputs
+                        .drain
+                        .spawn(async move { this.handle(stream, socket::to_canonical(peer)).await }.instrument(span));
+                }
+                Err(e) => {
+                    warn!(error = %e, "outbound accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        debug!("outbound listener stopped");
+    }
+
+    async fn handle(&self, client: TcpStream, peer: SocketAddr) {
+        let metrics = &self.inputs.metrics;
+        let orig_dst = match original_dst(&client) {
+            Ok(dst) => dst,
+            Err(e) => {
+                warn!(error = %e, "no original destination (connection was not redirected)");
+                metrics.error("no_original_destination");
+                return;
+            }
+        };
+        if is_proxy_port(orig_dst.port()) || Some(orig_dst) == client.local_addr().ok().map(socket::to_canonical) {
+            warn!(dst = %orig_dst, "refusing connection to a ztunnel port (loop)");
+            metrics.error("loop_prevented");
+            return;
+        }
+        let route = match self.route(orig_dst) {
+            Some(route) => route,
+            None => {
+                warn!(dst = %orig_dst, "service has no healthy endpoint");
+                metrics.error("no_healthy_upstream");
+                return;
+            }
+        };
+        let source = self.inputs.local_workload();
+        let src_identity = &self.inputs.local.identity;
+        match route {
+            Route::Hbone {
+                workload,
+                service,
+                target,
+            } => self.tunnel(client, peer, src_identity, source.as_deref(), workload, service, target).await,
+            Route::Passthrough {
+                workload,
+                service,
+                target,
+            } => {
+                let mut labels = ConnectionLabels::new(Reporter::source)
+                    .with_source(source.as_deref(), Some(src_identity))
+                    .with_destination(workload.as_deref(), None);
+                if let Some(svc) = &service {
+                    labels = labels.with_service(&svc.hostname);
+                }
+                self.passthrough(client, target, labels).await
+            }
+        }
+    }
+
+    fn route(&self, dst: SocketAddr) -> Option<Route> {
+        let state = &self.inputs.state;
+        if let Some(service) = state.service_by_vip(dst.ip()) {
+            let (workload, target_port) = state.pick_endpoint(&service, dst.port())?;
+            let ip = workload
+                .workload_ips
+                .iter()
+                .find(|ip| ip.is_ipv4() == dst.is_ipv4())
+                .or(workload.workload_ips.first())
+                .copied()?;
+            let target = SocketAddr::new(ip, target_port);
+            return Some(match workload.protocol {
+                Protocol::Hbone => Route::Hbone {
+                    workload,
+                    service: Some(service),
+                    target,
+                },
+                _ => Route::Passthrough {
+                    workload: Some(workload),
+                    service: Some(service),
+                    target,
+                },
+            });
+        }
+        Some(match state.workload_by_ip(dst.ip()) {
+            Some(workload) if workload.protocol == Protocol::Hbone => Route::Hbone {
+                workload,
+                service: None,
+                target: dst,
+            },
+            workload => Route::Passthrough {
+                workload,
+                service: None,
+                target: dst,
+            },
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn tunnel(
+        &self,
+        client: TcpStream,
+        peer: SocketAddr,
+        src_identity: &Identity,
+        source: Option<&Workload>,
+        workload: Arc<Workload>,
+        service: Option<Arc<Service>>,
+        target: SocketAddr,
+    ) {
+        let dst_identity = workload.identity();
+        let mut expected = vec![dst_identity.clone()];
+        if let Some(svc) = &service {
+            expected.extend(svc.subject_alt_names.iter().filter_map(|san| san.parse::<Identity>().ok()));
+        }
+        let request = ConnectRequest {
+            key: PoolKey {
+                src_identity: src_identity.clone(),
+                dst_identity: dst_identity.clone(),
+                dst: SocketAddr::new(target.ip(), HBONE_PORT),
+                src_ip: Some(peer.ip()),
+            },
+            expected_identities: expected,
+            authority: target,
+            client: peer,
+            baggage: self.baggage(source),
+        };
+        let mut labels = ConnectionLabels::new(Reporter::source)
+            .with_source(source, Some(src_identity))
+            .with_destination(Some(&workload), Some(&dst_identity))
+            .mutual_tls();
+        if let Some(svc) = &service {
+            labels = labels.with_service(&svc.hostname);
+        }
+        let stream = match self.pool.connect(&request).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                warn!(dst = %target, identity = %dst_identity, error = %e, "HBONE connect failed");
+                self.inputs.metrics.connections_failed.get_or_create(&labels).inc();
+                self.inputs.metrics.error("hbone_connect_failed");
+                return;
+            }
+        };
+        let recorder = ConnectionRecorder::open(&self.inputs.metrics, labels);
+        match copy_bidirectional(client, stream, &recorder.received, &recorder.sent).await {
+            Ok(t) => debug!(dst = %target, up = t.tcp_to_stream, down = t.stream_to_tcp, "connection closed"),
+            Err(e) => info!(dst = %target, error = %e, "connection ended with an error"),
+        }
+    }
+
+    async fn passthrough(&self, client: TcpStream, target: SocketAddr, labels: ConnectionLabels) {
+        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, None).await {
+            Ok(upstream) => upstream,
+            Err(e) => {
+                debug!(dst = %target, error = %e, "passthrough connect failed");
+                self.inputs.metrics.connections_failed.get_or_create(&labels).inc();
+                return;
+            }
+        };
+        let recorder = ConnectionRecorder::open(&self.inputs.metrics, labels);
+        if let Err(e) = copy_tcp(client, upstream, &recorder.received, &recorder.sent).await {
+            debug!(dst = %target, error = %e, "passthrough ended with an error");
+        }
+    }
+
+    /// W3C baggage describing the source, as Istio's ztunnel sends it.
+    fn baggage(&self, source: Option<&Workload>) -> String {
+        let local = &self.inputs.local;
+        let name = source.map(|w| w.name.as_str()).unwrap_or(&local.name);
+        format!(
+            "k8s.cluster.name={},k8s.namespace.name={},k8s.pod.name={name},service.name={name},service.version=latest",
+            self.inputs.cluster_id, local.namespace
+        )
+    }
+}

@@ -1,0 +1,122 @@
+//! Sockets the proxy owns: every one carries `SO_MARK = PACKET_MARK` so the capture
+//! rules skip it, and the [`SocketFactory`] decides which network namespace it lives in.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// Creates the proxy's sockets. Dedicated mode creates them in the proxy's own
+/// namespace; in-pod mode creates them inside a pod's namespace.
+pub trait SocketFactory: Send + Sync + 'static {
+    /// An unconnected TCP socket for `family_of`'s address family, marked.
+    fn tcp_socket(&self, family_of: SocketAddr) -> io::Result<TcpSocket>;
+    /// A marked listener; `transparent` lets it accept connections to any address.
+    fn listener(&self, addr: SocketAddr, transparent: bool) -> io::Result<TcpListener>;
+}
+
+/// Sockets in the calling process's own network namespace.
+#[derive(Debug, Clone)]
+pub struct LocalSocketFactory {
+    pub mark: u32,
+}
+
+impl SocketFactory for LocalSocketFactory {
+    fn tcp_socket(&self, family_of: SocketAddr) -> io::Result<TcpSocket> {
+        let socket = marked_socket(family_of, self.mark)?;
+        socket.set_nonblocking(true)?;
+        Ok(TcpSocket::from_std_stream(socket.into()))
+    }
+
+    fn listener(&self, addr: SocketAddr, transparent: bool) -> io::Result<TcpListener> {
+        let socket = listen_socket(addr, self.mark, transparent)?;
+        socket.set_nonblocking(true)?;
+        TcpListener::from_std(socket.into())
+    }
+}
+
+/// A marked TCP socket with `TCP_NODELAY`: the proxy forwards what it reads at once,
+/// so Nagle would only add latency.
+pub fn marked_socket(family_of: SocketAddr, mark: u32) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(family_of), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_mark(mark)?;
+    socket.set_tcp_nodelay(true)?;
+    Ok(socket)
+}
+
+/// A bound, listening, marked socket (not yet registered with tokio).
+pub fn listen_socket(addr: SocketAddr, mark: u32, transparent: bool) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_mark(mark)?;
+    socket.set_reuse_address(true)?;
+    // Several ztunnels (a rolling update) may hold the same pod's ports at once.
+    socket.set_reuse_port(true)?;
+    socket.set_tcp_nodelay(true)?;
+    if transparent {
+        set_transparent(&socket, addr)?;
+    }
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket)
+}
+
+/// `IP_TRANSPARENT`: accept for, or bind to, addresses that are not local.
+pub fn set_transparent(socket: &Socket, addr: SocketAddr) -> io::Result<()> {
+    match addr {
+        SocketAddr::V4(_) => socket.set_ip_transparent_v4(true),
+        SocketAddr::V6(_) => socket.set_ip_transparent_v6(true),
+    }
+}
+
+/// Connects `socket` to `dst`, first binding it to `source` with `IP_TRANSPARENT`
+/// when given, so the peer sees the original client's address.
+pub async fn connect(
+    factory: &dyn SocketFactory,
+    dst: SocketAddr,
+    source: Option<IpAddr>,
+) -> io::Result<TcpStream> {
+    let socket = factory.tcp_socket(dst)?;
+    if let Some(ip) = source {
+        let borrowed = socket2::SockRef::from(&socket);
+        set_transparent(&borrowed, dst)?;
+        socket.bind(SocketAddr::new(ip, 0))?;
+    }
+    socket.connect(dst).await
+}
+
+/// The destination a connection had before iptables REDIRECT rewrote it.
+pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
+    use nix::sys::socket::{getsockopt, sockopt};
+    let fd = stream.as_fd();
+    let local = stream.local_addr()?;
+    let addr = if local.is_ipv4() {
+        let raw = getsockopt(&fd, sockopt::OriginalDst).map_err(io::Error::from)?;
+        SocketAddr::from((
+            std::net::Ipv4Addr::from(u32::from_be(raw.sin_addr.s_addr)),
+            u16::from_be(raw.sin_port),
+        ))
+    } else {
+        let raw = getsockopt(&fd, sockopt::Ip6tOriginalDst).map_err(io::Error::from)?;
+        SocketAddr::from((
+            std::net::Ipv6Addr::from(raw.sin6_addr.s6_addr),
+            u16::from_be(raw.sin6_port),
+        ))
+    };
+    Ok(to_canonical(addr))
+}
+
+/// Maps `::ffff:a.b.c.d` to `a.b.c.d`, so lookups by IP see one form.
+pub fn to_canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
+/// The default factory, shared by proxies that live in ztunnel's own namespace.
+pub fn local(mark: u32) -> Arc<dyn SocketFactory> {
+    Arc::new(LocalSocketFactory { mark })
+}

@@ -1,0 +1,370 @@
+//! Workloads: the pods (or VMs) the mesh knows, in Istio's local-config shape.
+//!
+//! Field names, enum spellings and defaults follow Istio's ztunnel so a `LOCAL_XDS_PATH`
+//! file written for it loads unchanged. Fields we do not act on yet (waypoints, network
+//! gateways, locality, ...) are still parsed so they round-trip into `/config_dump`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::serde_util::{is_default, null_as_default, service_port_maps};
+use super::service::{NamespacedHostname, NetworkAddress};
+use crate::identity::Identity;
+
+/// Trust domain used when a workload does not name one (Istio's default).
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// Service account used when a workload does not name one (Kubernetes' default).
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+
+/// How a workload accepts inbound traffic: HBONE (it is in the mesh) or plain TCP.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Protocol {
+    /// Not captured by a ztunnel: send plaintext. Istio's default.
+    #[default]
+    #[serde(rename = "TCP", alias = "tcp", alias = "NONE")]
+    Tcp,
+    /// Captured by a ztunnel on its node: tunnel over HBONE to port 15008.
+    #[serde(rename = "HBONE", alias = "hbone")]
+    Hbone,
+}
+
+impl Protocol {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Hbone => "HBONE",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Readiness as reported by the control plane; unhealthy workloads get no service traffic.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum HealthStatus {
+    #[default]
+    Healthy,
+    Unhealthy,
+}
+
+/// Host-network workloads share the node's IPs, so they are never indexed by address.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NetworkMode {
+    #[default]
+    Standard,
+    HostNetwork,
+}
+
+/// Topology of a workload, used by Istio for locality-aware load balancing.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Locality {
+    pub region: String,
+    pub zone: String,
+    pub subzone: String,
+}
+
+/// Where a waypoint or network gateway is reached: `network/ip` or `namespace/hostname`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum GatewayDestination {
+    Address(NetworkAddress),
+    Hostname(NamespacedHostname),
+}
+
+impl fmt::Display for GatewayDestination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GatewayDestination::Address(a) => a.fmt(f),
+            GatewayDestination::Hostname(h) => h.fmt(f),
+        }
+    }
+}
+
+impl Serialize for GatewayDestination {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for GatewayDestination {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Same precedence as Istio's untagged enum: an address first, then a hostname.
+        let text = String::deserialize(d)?;
+        if let Ok(addr) = text.parse::<NetworkAddress>() {
+            return Ok(GatewayDestination::Address(addr));
+        }
+        text.parse::<NamespacedHostname>()
+            .map(GatewayDestination::Hostname)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A waypoint or east-west gateway in front of a workload or service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayAddress {
+    pub destination: GatewayDestination,
+    #[serde(default)]
+    pub hbone_mtls_port: u16,
+}
+
+/// Protocol a workload's own tunnel (e.g. a waypoint) expects inside HBONE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ApplicationTunnelProtocol {
+    #[serde(rename = "NONE")]
+    None,
+    #[serde(rename = "PROXY")]
+    Proxy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationTunnel {
+    pub protocol: ApplicationTunnelProtocol,
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+fn default_capacity() -> u32 {
+    1
+}
+
+/// One workload. Source-neutral: the local file and (later) Kubernetes both produce it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Workload {
+    /// Unique key. Istio uses `cluster//Kind/namespace/name`; when the local file leaves
+    /// it empty, [`Workload::effective_uid`] derives one of that shape.
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub service_account: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trust_domain: String,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub workload_ips: Vec<IpAddr>,
+    #[serde(default)]
+    pub protocol: Protocol,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub network: String,
+    #[serde(default)]
+    pub status: HealthStatus,
+    /// Keys (`namespace/name`) of WorkloadSelector-scoped policies that select this workload.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub authorization_policies: Vec<String>,
+    /// Services this workload backs: `"namespace/hostname" -> {service port: target port}`.
+    #[serde(
+        default,
+        with = "service_port_maps",
+        skip_serializing_if = "HashMap::is_empty"
+    )]
+    pub services: HashMap<String, HashMap<u16, u16>>,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waypoint: Option<GatewayAddress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_gateway: Option<GatewayAddress>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub network_mode: NetworkMode,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub workload_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub workload_type: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub canonical_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub canonical_revision: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hostname: String,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub native_tunnel: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application_tunnel: Option<ApplicationTunnel>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster_id: String,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub locality: Locality,
+    #[serde(default = "default_capacity")]
+    pub capacity: u32,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            uid: String::new(),
+            name: String::new(),
+            namespace: String::new(),
+            service_account: String::new(),
+            trust_domain: String::new(),
+            workload_ips: Vec::new(),
+            protocol: Protocol::default(),
+            node: String::new(),
+            network: String::new(),
+            status: HealthStatus::default(),
+            authorization_policies: Vec::new(),
+            services: HashMap::new(),
+            waypoint: None,
+            network_gateway: None,
+            network_mode: NetworkMode::default(),
+            workload_name: String::new(),
+            workload_type: String::new(),
+            canonical_name: String::new(),
+            canonical_revision: String::new(),
+            hostname: String::new(),
+            native_tunnel: false,
+            application_tunnel: None,
+            cluster_id: String::new(),
+            locality: Locality::default(),
+            capacity: default_capacity(),
+        }
+    }
+}
+
+impl Workload {
+    /// The SPIFFE identity the workload's certificate carries. Empty trust domain and
+    /// service account mean Istio's defaults, as they do for xDS-delivered workloads.
+    pub fn identity(&self) -> Identity {
+        Identity {
+            trust_domain: non_empty_or(&self.trust_domain, DEFAULT_TRUST_DOMAIN),
+            namespace: self.namespace.clone(),
+            service_account: non_empty_or(&self.service_account, DEFAULT_SERVICE_ACCOUNT),
+        }
+    }
+
+    /// `uid`, or Istio's `cluster//Pod/namespace/name` shape when the config omitted it,
+    /// so hand-written files with several uid-less workloads do not collide.
+    pub fn effective_uid(&self) -> String {
+        if !self.uid.is_empty() {
+            return self.uid.clone();
+        }
+        let cluster = non_empty_or(&self.cluster_id, "Kubernetes");
+        format!("{cluster}//Pod/{}/{}", self.namespace, self.name)
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.status == HealthStatus::Healthy
+    }
+
+    /// Whether the workload answers HBONE (is behind a ztunnel).
+    pub fn is_hbone(&self) -> bool {
+        self.protocol == Protocol::Hbone
+    }
+
+    /// The workload's own target port for `port` of service `svc_key` (`ns/hostname`), if
+    /// it declares one. A zero target means "unset", as in Istio's xDS.
+    pub fn service_target_port(&self, svc_key: &str, port: u16) -> Option<u16> {
+        self.services
+            .get(svc_key)
+            .and_then(|ports| ports.get(&port))
+            .copied()
+            .filter(|p| *p != 0)
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+fn non_empty_or(value: &str, default: &str) -> String {
+    if value.is_empty() {
+        default.to_string()
+    } else {
+        value.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_defaults_trust_domain_and_service_account() {
+        let w = Workload {
+            namespace: "ns".into(),
+            ..Default::default()
+        };
+        let id = w.identity();
+        assert_eq!(id.trust_domain, "cluster.local");
+        assert_eq!(id.namespace, "ns");
+        assert_eq!(id.service_account, "default");
+
+        let w = Workload {
+            namespace: "ns".into(),
+            trust_domain: "td".into(),
+            service_account: "sa".into(),
+            ..Default::default()
+        };
+        assert_eq!(w.identity().principal(), "td/ns/ns/sa/sa");
+    }
+
+    #[test]
+    fn minimal_workload_uses_istio_defaults() {
+        let w: Workload = serde_yaml::from_str("namespace: default\nname: a\n").unwrap();
+        assert_eq!(w.protocol, Protocol::Tcp);
+        assert_eq!(w.status, HealthStatus::Healthy);
+        assert_eq!(w.capacity, 1);
+        assert_eq!(w.effective_uid(), "Kubernetes//Pod/default/a");
+    }
+
+    #[test]
+    fn enum_spellings_match_istio() {
+        let w: Workload = serde_yaml::from_str(
+            "namespace: n\nprotocol: HBONE\nstatus: Unhealthy\nnetworkMode: HostNetwork\n",
+        )
+        .unwrap();
+        assert_eq!(w.protocol, Protocol::Hbone);
+        assert_eq!(w.status, HealthStatus::Unhealthy);
+        assert_eq!(w.network_mode, NetworkMode::HostNetwork);
+        assert!(serde_yaml::from_str::<Workload>("protocol: QUIC\n").is_err());
+    }
+
+    #[test]
+    fn service_ports_accept_quoted_keys_and_zero_means_unset() {
+        let w: Workload = serde_yaml::from_str(
+            "namespace: n\nservices:\n  n/svc.n.svc.cluster.local:\n    \"80\": 8080\n    81: 0\n",
+        )
+        .unwrap();
+        assert_eq!(
+            w.service_target_port("n/svc.n.svc.cluster.local", 80),
+            Some(8080)
+        );
+        assert_eq!(w.service_target_port("n/svc.n.svc.cluster.local", 81), None);
+        assert_eq!(w.service_target_port("n/other", 80), None);
+    }
+
+    #[test]
+    fn waypoint_destination_address_or_hostname() {
+        let w: Workload = serde_yaml::from_str(
+            "namespace: n\nwaypoint:\n  destination: /10.0.0.9\n  hboneMtlsPort: 15008\n\
+             networkGateway:\n  destination: ns/gw.ns.svc.cluster.local\n  hboneMtlsPort: 15008\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            w.waypoint.unwrap().destination,
+            GatewayDestination::Address(_)
+        ));
+        assert!(matches!(
+            w.network_gateway.unwrap().destination,
+            GatewayDestination::Hostname(_)
+        ));
+    }
+}
