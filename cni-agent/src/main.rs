@@ -1,1 +1,142 @@
-fn main() {}
+//! `cni-agent`: flags (each with an environment variable, named like Istio's install-cni
+//! where Istio has one), logging, signals; everything else is in the library.
+
+use anyhow::Context;
+use clap::builder::BoolishValueParser;
+use clap::Parser;
+use cni_agent::app::{self, AgentConfig};
+use cni_agent::install::conflist::PluginSettings;
+use cni_agent::install::{InstallConfig, DEFAULT_OWNED_CONFIG_NAME, PLUGIN_BINARY_NAME};
+use cni_agent::uds::event::admit_all;
+use shared_types::constants::{
+    AGENT_HEALTH_PORT, DEFAULT_CNI_BIN_DIR, DEFAULT_CNI_CONF_DIR, DEFAULT_CNI_RUN_DIR,
+    SYSTEM_NAMESPACE,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "cni-agent", version, about = "istio-cni node agent")]
+struct Args {
+    /// CNI config dir, where the primary CNI's config gets our entry.
+    #[arg(long, env = "CNI_NET_DIR", default_value = DEFAULT_CNI_CONF_DIR)]
+    cni_conf_dir: PathBuf,
+    /// CNI bin dir, where the `istio-cni` plugin binary is installed.
+    #[arg(long, env = "CNI_BIN_DIR", default_value = DEFAULT_CNI_BIN_DIR)]
+    cni_bin_dir: PathBuf,
+    /// Run dir for the plugin sockets and the enablement state (as the host sees it:
+    /// the plugin is told this path).
+    #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = DEFAULT_CNI_RUN_DIR)]
+    run_dir: PathBuf,
+    /// The plugin binary to install [default: `istio-cni` beside this executable].
+    #[arg(long, env = "CNI_PLUGIN_BINARY")]
+    plugin_binary: Option<PathBuf>,
+    /// Write our chain to a config file of our own instead of editing the primary.
+    #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    istio_owned_cni_config: bool,
+    /// File name of that config; it must sort before the primary's.
+    #[arg(long, env = "ISTIO_OWNED_CNI_CONFIG_FILENAME", default_value = DEFAULT_OWNED_CONFIG_NAME,
+          value_parser = conflist_file_name)]
+    istio_owned_cni_config_filename: String,
+    /// `plugin_log_level` written into our entry.
+    #[arg(long, env = "PLUGIN_LOG_LEVEL", default_value = "info",
+          value_parser = ["debug", "info", "warn", "error", "none"])]
+    plugin_log_level: String,
+    /// Namespaces whose pods never wait for the agent (comma-separated).
+    #[arg(
+        long,
+        env = "EXCLUDE_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system"
+    )]
+    exclude_namespaces: Vec<String>,
+    /// The mesh's system namespace (ztunnel and this agent run there).
+    #[arg(long, env = "POD_NAMESPACE", default_value = SYSTEM_NAMESPACE)]
+    pod_namespace: String,
+    /// On SIGTERM, remove our CNI entry and binary. Default: leave them, so pods created
+    /// while the agent is away wait for it (upgrade, reboot).
+    #[arg(long, env = "CNI_UNINSTALL_ON_EXIT", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    uninstall_on_exit: bool,
+    /// Port of `/healthz` and `/readyz`.
+    #[arg(long, env = "CNI_HEALTH_PORT", default_value_t = AGENT_HEALTH_PORT)]
+    health_port: u16,
+}
+
+/// A bare `*.conflist` name: anything else would not be read by the runtime or would
+/// escape the conf dir.
+fn conflist_file_name(name: &str) -> Result<String, String> {
+    if name.contains('/') || name.starts_with('.') || !name.ends_with(".conflist") {
+        return Err(format!("{name:?} is not a file name ending in .conflist"));
+    }
+    Ok(name.to_string())
+}
+
+impl Args {
+    fn into_config(self) -> anyhow::Result<AgentConfig> {
+        let plugin_source = match self.plugin_binary {
+            Some(path) => path,
+            None => std::env::current_exe()
+                .context("locating our own executable")?
+                .with_file_name(PLUGIN_BINARY_NAME),
+        };
+        // The plugin runs in the runtime's working directory, so the run dir it is told
+        // must be absolute; the dirs are resolved too so file events match them.
+        let absolute = |path: &PathBuf| {
+            std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))
+        };
+        let run_dir = absolute(&self.run_dir)?;
+        let exclude_namespaces = self
+            .exclude_namespaces
+            .into_iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        Ok(AgentConfig {
+            install: InstallConfig {
+                conf_dir: absolute(&self.cni_conf_dir)?,
+                bin_dir: absolute(&self.cni_bin_dir)?,
+                plugin_source,
+                owned_config: self
+                    .istio_owned_cni_config
+                    .then(|| self.istio_owned_cni_config_filename.into()),
+                settings: PluginSettings {
+                    log_level: self.plugin_log_level,
+                    run_dir: run_dir.clone(),
+                    exclude_namespaces,
+                    system_namespace: self.pod_namespace,
+                },
+            },
+            run_dir,
+            health_port: self.health_port,
+            uninstall_on_exit: self.uninstall_on_exit,
+            watch: Default::default(),
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(app::DEFAULT_LOG_FILTER));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let config = Args::parse().into_config()?;
+    tracing::info!(?config, "starting");
+
+    let shutdown = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+        trigger.cancel();
+    });
+    app::run(config, Arc::new(admit_all), shutdown).await
+}

@@ -4,10 +4,13 @@
 //! Every object a test creates carries [`netns::PREFIX`] plus the test process id, so a
 //! later run can sweep what a crashed run left behind without touching anything else.
 
+pub mod apiserver;
 pub mod mesh;
 pub mod netns;
+pub mod pods;
 pub mod process;
 pub mod standalone;
+pub mod zds_agent;
 
 /// True when the test may build namespaces. Root tests call this first and return
 /// early (with a message) when it is false, so `cargo test` works unprivileged too.
@@ -20,15 +23,16 @@ pub fn can_run_root_tests() -> bool {
     root
 }
 
-/// Path of a binary built by this workspace (`target/<profile>/<name>`).
+/// Path of a binary built by this workspace (`target/<profile>/<name>`), found
+/// from the running executable: a test (in `target/<profile>/deps/`) or one of the
+/// harness binaries (in `target/<profile>/`).
 pub fn workspace_binary(name: &str) -> std::path::PathBuf {
-    // Test executables live in target/<profile>/deps/.
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile> directory");
-    profile_dir.join(name)
+    let exe = std::env::current_exe().expect("current executable path");
+    let mut dir = exe.parent().expect("executable directory");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target/<profile> directory");
+    }
+    dir.join(name)
 }
 
 /// Directory holding Debian's CNI reference plugins (`containernetworking-plugins`).

@@ -53,6 +53,31 @@ pub fn start_dedicated_ztunnel(
     Ok(guard)
 }
 
+/// A shared-mode (node proxy) ztunnel in the node namespace `ns`, driven over ZDS
+/// at `inpod_uds`, killed when dropped. It is ready once the agent's first snapshot
+/// is applied, so the agent must be listening first.
+pub fn start_shared_ztunnel(
+    ns: &Netns,
+    inpod_uds: &Path,
+    ca_dir: &Path,
+    local_config: &Path,
+    extra_env: &[(&str, &str)],
+) -> Result<ChildGuard> {
+    let mut cmd = ns.command(binary("ztunnel")?.to_str().context("path")?);
+    cmd.env("PROXY_MODE", "shared")
+        .env("INPOD_UDS", inpod_uds)
+        .env("XDS_ADDRESS", "")
+        .env("CA_CERTS_DIR", ca_dir)
+        .env("LOCAL_XDS_PATH", local_config)
+        .env("RUST_LOG", std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()));
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let guard = ChildGuard::spawn(&format!("ztunnel-{}", ns.name()), cmd)?;
+    wait_ready(ns, &guard)?;
+    Ok(guard)
+}
+
 /// Waits until ztunnel's readiness endpoint answers 200.
 pub fn wait_ready(ns: &Netns, ztunnel: &ChildGuard) -> Result<()> {
     wait_for("ztunnel readiness", Duration::from_secs(20), || {

@@ -3,3 +3,6 @@
 
 pub mod cni;
 pub mod constants;
+pub mod zds;
+#[cfg(feature = "zds-transport")]
+pub mod zds_transport;

@@ -2,23 +2,28 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::admin::Admin;
-use crate::config::{Config, ProxyMode};
+use crate::config::{Config, DiscoverySource, ProxyMode};
+use crate::discovery::kubernetes;
 use crate::discovery::local::watch_local_file;
 use crate::drain::Drain;
 use crate::identity::{CertificateAuthority, Identity, SecretManager};
+use crate::inpod::netns::NetnsExecutor;
+use crate::inpod::run_zds_client;
+use crate::inpod::statemanager::{PodProxies, PodRegistry, SharedInputs};
 use crate::metrics::Metrics;
 use crate::proxy::connections::ConnectionManager;
 use crate::proxy::{ListenAddrs, Listeners, LocalWorkload, ProxyInputs};
 use crate::readiness::Readiness;
 use crate::state::StateStore;
 use crate::telemetry::LogHandle;
-use crate::{http, socket};
+use crate::http;
+use crate::socket::{LocalSocketFactory, SocketFactory};
 
 /// Runs ztunnel until SIGTERM, SIGINT or `/quitquitquit`, then drains.
 pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
@@ -43,9 +48,14 @@ pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<(
     let drain = Drain::new();
     let connections = ConnectionManager::new();
 
-    serve_operations(&config, &state, &certs, &metrics, &readiness, logging, &shutdown).await?;
+    let registry = PodRegistry::default();
+    serve_operations(&config, &state, &certs, &metrics, &readiness, &registry, logging, &shutdown).await?;
 
-    if let Some(path) = &config.local_xds_path {
+    let discovery = config.discovery();
+    if discovery.uses_kubernetes() {
+        start_kubernetes_discovery(&config, &state, &readiness, &shutdown).await?;
+    }
+    if let Some(path) = config.local_xds_path.as_ref().filter(|_| discovery.uses_local()) {
         watch_local_file(
             path.clone(),
             state.clone(),
@@ -76,13 +86,16 @@ pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<(
             certs
                 .fetch(&local.identity)
                 .context("minting the workload certificate")?;
-            let sockets = socket::local(config.packet_mark);
+            let local_sockets = LocalSocketFactory {
+                mark: config.packet_mark,
+            };
             let addrs = ListenAddrs {
                 outbound: config.outbound_addr,
                 inbound: config.inbound_addr,
                 inbound_plaintext: config.inbound_plaintext_addr,
             };
-            let listeners = Listeners::bind(sockets.as_ref(), addrs, false).context("binding the proxy listeners")?;
+            let listeners = Listeners::bind(&local_sockets, addrs).context("binding the proxy listeners")?;
+            let sockets: Arc<dyn SocketFactory> = Arc::new(local_sockets);
             listeners.spawn(ProxyInputs {
                 state: state.clone(),
                 certs: certs.clone(),
@@ -96,37 +109,100 @@ pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<(
             });
         }
         ProxyMode::Shared => {
-            bail!("PROXY_MODE=shared (in-pod mode) is not available in this build; run with PROXY_MODE=dedicated")
+            let executor = NetnsExecutor::start().context("starting the netns thread")?;
+            let shared = SharedInputs {
+                state: state.clone(),
+                certs: certs.clone(),
+                metrics: metrics.clone(),
+                connections,
+                executor,
+                root_drain: drain.clone(),
+                mark: config.packet_mark,
+                trust_domain: config.trust_domain.clone(),
+                cluster_id: config.cluster_id.clone(),
+                drain_deadline: config.drain_deadline,
+            };
+            let pods = PodProxies::new(shared, registry.clone());
+            info!(socket = %config.inpod_uds.display(), "waiting for the node agent over ZDS");
+            tokio::spawn(run_zds_client(
+                config.inpod_uds.clone(),
+                pods,
+                readiness.register("first ZDS snapshot"),
+                shutdown.clone(),
+            ));
         }
     }
     drop(startup);
-    info!(mode = ?config.proxy_mode, "ztunnel is ready");
+    info!(mode = ?config.proxy_mode, "ztunnel started");
 
     wait_for_shutdown(&shutdown).await;
     info!(deadline = ?config.drain_deadline, active = drain.active(), "draining");
+    registry.drain_all(config.drain_deadline).await;
     let cut = drain.drain(config.drain_deadline).await;
     shutdown.cancel();
     info!(cut, "ztunnel stopped");
     Ok(())
 }
 
+/// Kubernetes discovery (DISCOVERY_SOURCE=kubernetes|both). Readiness waits for its
+/// first complete sync; an unreachable API server is retried, not fatal.
+async fn start_kubernetes_discovery(
+    config: &Config,
+    state: &StateStore,
+    readiness: &Readiness,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    match (config.discovery(), &config.local_xds_path) {
+        (DiscoverySource::Both, None) => {
+            anyhow::bail!("DISCOVERY_SOURCE=both needs LOCAL_XDS_PATH")
+        }
+        (DiscoverySource::Kubernetes, Some(path)) => {
+            warn!(path = %path.display(), "DISCOVERY_SOURCE=kubernetes: ignoring LOCAL_XDS_PATH (use `both` to merge it)")
+        }
+        _ => {}
+    }
+    let client = kubernetes::infer_client()
+        .await
+        .context("Kubernetes discovery needs API access (or set DISCOVERY_SOURCE=local)")?;
+    let opts = kubernetes::Options {
+        cluster_id: config.cluster_id.clone(),
+        trust_domain: config.trust_domain.clone(),
+        cluster_domain: config.cluster_domain.clone(),
+        root_namespace: config.root_namespace.clone(),
+    };
+    let ready = readiness.register("kubernetes discovery");
+    kubernetes::start(client, opts, state.clone(), Some(ready), shutdown.clone());
+    info!("kubernetes discovery started: watching pods, services and authorizationpolicies");
+    Ok(())
+}
+
 /// Admin (15000), metrics (15020) and readiness (15021).
+#[allow(clippy::too_many_arguments)]
 async fn serve_operations(
     config: &Config,
     state: &StateStore,
     certs: &SecretManager,
     metrics: &Arc<Metrics>,
     readiness: &Readiness,
+    registry: &PodRegistry,
     logging: Option<LogHandle>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
+    let registry = registry.clone();
     let admin = Admin {
         state: state.clone(),
         certs: certs.clone(),
         logging,
         shutdown: shutdown.clone(),
         config: serde_json::to_value(config).unwrap_or_default(),
-        extra: Arc::new(serde_json::Map::new),
+        extra: Arc::new(move || {
+            let mut extra = serde_json::Map::new();
+            extra.insert(
+                "pods".into(),
+                serde_json::to_value(registry.summaries()).unwrap_or_default(),
+            );
+            extra
+        }),
     };
     let listener = bind(config.admin_addr, "admin").await?;
     tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {

@@ -7,7 +7,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use shared_types::constants::{DEFAULT_PACKET_MARK, DEFAULT_TRUST_DOMAIN, DEFAULT_ZDS_SOCKET};
+use shared_types::constants::{
+    DEFAULT_PACKET_MARK, DEFAULT_TRUST_DOMAIN, DEFAULT_ZDS_SOCKET, SYSTEM_NAMESPACE,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 pub enum ProxyMode {
@@ -15,6 +17,28 @@ pub enum ProxyMode {
     Shared,
     /// One ztunnel serving one workload, e.g. on a VM (`PROXY_WORKLOAD_INFO`).
     Dedicated,
+}
+
+/// Where workloads, services and policies come from (`DISCOVERY_SOURCE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiscoverySource {
+    /// Only the LOCAL_XDS_PATH file (if set).
+    Local,
+    /// Only the Kubernetes API server; LOCAL_XDS_PATH is ignored.
+    Kubernetes,
+    /// The API server plus LOCAL_XDS_PATH (required); file entries win on key collisions.
+    Both,
+}
+
+impl DiscoverySource {
+    pub fn uses_kubernetes(self) -> bool {
+        matches!(self, DiscoverySource::Kubernetes | DiscoverySource::Both)
+    }
+
+    pub fn uses_local(self) -> bool {
+        matches!(self, DiscoverySource::Local | DiscoverySource::Both)
+    }
 }
 
 /// `PROXY_WORKLOAD_INFO=<namespace>/<name>/<service account>`.
@@ -62,6 +86,18 @@ pub struct Config {
     /// Istio ztunnel local config (YAML: workloads, services, policies). Reloaded on change.
     #[arg(long, env = "LOCAL_XDS_PATH")]
     pub local_xds_path: Option<PathBuf>,
+    /// local | kubernetes | both. Unset: `kubernetes` when PROXY_MODE=shared and
+    /// LOCAL_XDS_PATH is unset, otherwise `local` (see [`Config::discovery`]). The API
+    /// is reached via KUBECONFIG / ~/.kube/config, else the in-cluster service account.
+    #[arg(long, env = "DISCOVERY_SOURCE", value_enum)]
+    pub discovery_source: Option<DiscoverySource>,
+    /// Cluster DNS domain: Kubernetes services are `<name>.<namespace>.svc.<domain>`.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Istio's root namespace: its AuthorizationPolicies without a selector apply
+    /// mesh-wide, those with a selector to matching pods in every namespace.
+    #[arg(long, env = "ROOT_NAMESPACE", default_value = SYSTEM_NAMESPACE)]
+    pub root_namespace: String,
     /// ZDS socket of the node agent (shared mode).
     #[arg(long, env = "INPOD_UDS", default_value = DEFAULT_ZDS_SOCKET)]
     pub inpod_uds: PathBuf,
@@ -99,6 +135,20 @@ pub struct Config {
     pub inbound_plaintext_addr: SocketAddr,
 }
 
+impl Config {
+    /// The effective discovery source: `DISCOVERY_SOURCE` if set; otherwise a node proxy
+    /// (shared mode) without LOCAL_XDS_PATH reads Kubernetes, and everything else (a
+    /// dedicated ztunnel, or one given a local file) stays local-only.
+    pub fn discovery(&self) -> DiscoverySource {
+        self.discovery_source.unwrap_or(
+            match (self.proxy_mode, &self.local_xds_path) {
+                (ProxyMode::Shared, None) => DiscoverySource::Kubernetes,
+                _ => DiscoverySource::Local,
+            },
+        )
+    }
+}
+
 /// Durations as Istio writes them: `500ms`, `30s`, `5m`, `24h`, or bare seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -131,6 +181,31 @@ mod tests {
         assert_eq!(info.service_account, "db");
         assert!("vms/db-1".parse::<WorkloadInfo>().is_err());
         assert!("a//c".parse::<WorkloadInfo>().is_err());
+    }
+
+    #[test]
+    fn discovery_source_default_and_override() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            config: Config,
+        }
+        // Fields are set explicitly so DISCOVERY_SOURCE etc. in the test's env cannot leak in.
+        let mut c = Cli::try_parse_from(["ztunnel"]).unwrap().config;
+        let mut with = |mode, local: Option<&str>, source| {
+            c.proxy_mode = mode;
+            c.local_xds_path = local.map(PathBuf::from);
+            c.discovery_source = source;
+            c.discovery()
+        };
+        use DiscoverySource::*;
+        assert_eq!(with(ProxyMode::Shared, None, None), Kubernetes);
+        assert_eq!(with(ProxyMode::Shared, Some("/x"), None), Local);
+        assert_eq!(with(ProxyMode::Dedicated, None, None), Local);
+        assert_eq!(with(ProxyMode::Dedicated, None, Some(Kubernetes)), Kubernetes);
+        assert!(Both.uses_kubernetes() && Both.uses_local());
+        assert!(!Local.uses_kubernetes() && !Kubernetes.uses_local());
     }
 
     #[test]

@@ -55,6 +55,11 @@ impl Drain {
         });
     }
 
+    /// Tells listeners to stop accepting; connections carry on.
+    pub fn stop_accepting(&self) {
+        self.accepting.cancel();
+    }
+
     /// Stops accepting, waits up to `deadline` for connections, then closes the rest.
     /// Returns the number of connections that had to be cut.
     pub async fn drain(&self, deadline: Duration) -> usize {

@@ -15,6 +15,7 @@ pub mod drain;
 pub mod hbone;
 pub mod http;
 pub mod identity;
+pub mod inpod;
 pub mod metrics;
 pub mod proxy;
 pub mod readiness;

@@ -1,21 +1,24 @@
 //! Sockets the proxy owns: every one carries `SO_MARK = PACKET_MARK` so the capture
 //! rules skip it, and the [`SocketFactory`] decides which network namespace it lives in.
 
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+pub type SocketFuture<'a> = Pin<Box<dyn Future<Output = io::Result<TcpSocket>> + Send + 'a>>;
+
 /// Creates the proxy's sockets. Dedicated mode creates them in the proxy's own
-/// namespace; in-pod mode creates them inside a pod's namespace.
+/// namespace; in-pod mode creates them inside a pod's namespace, on a thread that
+/// has entered it (hence the future).
 pub trait SocketFactory: Send + Sync + 'static {
     /// An unconnected TCP socket for `family_of`'s address family, marked.
-    fn tcp_socket(&self, family_of: SocketAddr) -> io::Result<TcpSocket>;
-    /// A marked listener; `transparent` lets it accept connections to any address.
-    fn listener(&self, addr: SocketAddr, transparent: bool) -> io::Result<TcpListener>;
+    fn tcp_socket(&self, family_of: SocketAddr) -> SocketFuture<'_>;
 }
 
 /// Sockets in the calling process's own network namespace.
@@ -25,13 +28,17 @@ pub struct LocalSocketFactory {
 }
 
 impl SocketFactory for LocalSocketFactory {
-    fn tcp_socket(&self, family_of: SocketAddr) -> io::Result<TcpSocket> {
-        let socket = marked_socket(family_of, self.mark)?;
-        socket.set_nonblocking(true)?;
-        Ok(TcpSocket::from_std_stream(socket.into()))
+    fn tcp_socket(&self, family_of: SocketAddr) -> SocketFuture<'_> {
+        Box::pin(std::future::ready(
+            marked_socket(family_of, self.mark).and_then(into_tokio_socket),
+        ))
     }
 
-    fn listener(&self, addr: SocketAddr, transparent: bool) -> io::Result<TcpListener> {
+}
+
+impl LocalSocketFactory {
+    /// A marked listener; `transparent` lets it accept connections to any address.
+    pub fn listener(&self, addr: SocketAddr, transparent: bool) -> io::Result<TcpListener> {
         let socket = listen_socket(addr, self.mark, transparent)?;
         socket.set_nonblocking(true)?;
         TcpListener::from_std(socket.into())
@@ -45,6 +52,12 @@ pub fn marked_socket(family_of: SocketAddr, mark: u32) -> io::Result<Socket> {
     socket.set_mark(mark)?;
     socket.set_tcp_nodelay(true)?;
     Ok(socket)
+}
+
+/// Hands a (blocking) socket2 socket to tokio.
+pub fn into_tokio_socket(socket: Socket) -> io::Result<TcpSocket> {
+    socket.set_nonblocking(true)?;
+    Ok(TcpSocket::from_std_stream(socket.into()))
 }
 
 /// A bound, listening, marked socket (not yet registered with tokio).
@@ -81,7 +94,7 @@ pub async fn connect(
     dst: SocketAddr,
     source: Option<IpAddr>,
 ) -> io::Result<TcpStream> {
-    let socket = factory.tcp_socket(dst)?;
+    let socket = factory.tcp_socket(dst).await?;
     if let Some(ip) = source {
         let borrowed = socket2::SockRef::from(&socket);
         set_transparent(&borrowed, dst)?;

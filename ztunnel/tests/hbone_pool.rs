@@ -66,8 +66,8 @@ async fn start_server(certs: &SecretManager, bind: SocketAddr, echo: SocketAddr)
     let state = StateStore::new();
     state.replace_source("local", parse_local_config(CONFIG).unwrap());
     let drain = Drain::new();
+    let listener = socket::LocalSocketFactory { mark: 0 }.listener(bind, false).unwrap();
     let sockets = socket::local(0);
-    let listener = sockets.listener(bind, false).unwrap();
     let hbone = listener.local_addr().unwrap();
     let inputs = ProxyInputs {
         state,

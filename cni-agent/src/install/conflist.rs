@@ -11,6 +11,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 /// Name of a conflist we build around a lone `.conf` that has no name (libcni requires
 /// one on a list).
@@ -149,31 +150,35 @@ fn has_type(plugin: &Value) -> bool {
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<ConfFile, String> {
     let kind = kind_of(path).ok_or("not a .conf or .conflist file")?;
     let json: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    if !json.is_object() {
-        return Err("not a JSON object".into());
-    }
-    match kind {
-        ConfKind::Conf if !has_type(&json) => return Err("no plugin 'type'".into()),
-        ConfKind::List => {
-            if !json.get("name").and_then(Value::as_str).is_some_and(|n| !n.is_empty()) {
-                return Err("no list 'name'".into());
-            }
-            match plugins(&json) {
-                None => return Err("no 'plugins' list".into()),
-                Some(p) if p.is_empty() => return Err("empty 'plugins' list".into()),
-                Some(p) if !p.iter().all(has_type) => {
-                    return Err("a plugin without 'type'".into())
-                }
-                Some(_) => {}
-            }
-        }
-        ConfKind::Conf => {}
-    }
+    validate(kind, &json)?;
     Ok(ConfFile {
         path: path.to_path_buf(),
         kind,
         json,
     })
+}
+
+fn validate(kind: ConfKind, json: &Value) -> Result<(), String> {
+    let non_empty = |key: &str| {
+        !json
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty()
+    };
+    let problem = match kind {
+        _ if !json.is_object() => Some("not a JSON object"),
+        ConfKind::Conf if !has_type(json) => Some("no plugin 'type'"),
+        ConfKind::Conf => None,
+        ConfKind::List if !non_empty("name") => Some("no list 'name'"),
+        ConfKind::List => match plugins(json) {
+            None => Some("no 'plugins' list"),
+            Some(p) if p.is_empty() => Some("empty 'plugins' list"),
+            Some(p) if !p.iter().all(has_type) => Some("a plugin without 'type'"),
+            Some(_) => None,
+        },
+    };
+    problem.map_or(Ok(()), |p| Err(p.to_string()))
 }
 
 fn kind_of(path: &Path) -> Option<ConfKind> {
@@ -198,13 +203,31 @@ pub fn candidates(dir: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// A candidate file that does not parse.
+#[derive(Debug)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
+    pub modified: Option<SystemTime>,
+}
+
+impl Skipped {
+    /// Modified within `window`: probably being written right now (non-atomically),
+    /// not broken.
+    pub fn is_fresh(&self, window: Duration) -> bool {
+        self.modified
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age < window)
+    }
+}
+
 /// What a scan of the conf dir found.
 #[derive(Debug, Default)]
 pub struct Scan {
     /// Parseable files in lexical order.
     pub files: Vec<ConfFile>,
-    /// Files skipped, with the reason.
-    pub skipped: Vec<(PathBuf, String)>,
+    /// Files that do not parse, in lexical order.
+    pub skipped: Vec<Skipped>,
 }
 
 impl Scan {
@@ -227,7 +250,11 @@ pub fn scan(dir: &Path) -> io::Result<Scan> {
             .and_then(|b| parse(&path, &b))
         {
             Ok(file) => scan.files.push(file),
-            Err(reason) => scan.skipped.push((path, reason)),
+            Err(reason) => scan.skipped.push(Skipped {
+                modified: fs::metadata(&path).and_then(|m| m.modified()).ok(),
+                path,
+                reason,
+            }),
         }
     }
     Ok(scan)
@@ -270,7 +297,10 @@ mod tests {
             ("a.json", r#"{"type":"x"}"#),
         ];
         for (name, json) in bad {
-            assert!(parse(Path::new(name), json.as_bytes()).is_err(), "{name} {json}");
+            assert!(
+                parse(Path::new(name), json.as_bytes()).is_err(),
+                "{name} {json}"
+            );
         }
         assert_eq!(file("a.conf", r#"{"type":"x"}"#).kind, ConfKind::Conf);
     }
@@ -316,7 +346,10 @@ mod tests {
 
     #[test]
     fn render_keeps_key_order() {
-        let f = file("a.conflist", r#"{"z":1,"name":"n","a":2,"plugins":[{"type":"x"}]}"#);
+        let f = file(
+            "a.conflist",
+            r#"{"z":1,"name":"n","a":2,"plugins":[{"type":"x"}]}"#,
+        );
         let text = String::from_utf8(render(&f.json)).unwrap();
         let (z, a) = (text.find("\"z\"").unwrap(), text.find("\"a\"").unwrap());
         assert!(z < a, "{text}");

@@ -16,6 +16,8 @@ use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 pub use shared_types::constants::CNI_PLUGIN_TYPE as PLUGIN_BINARY_NAME;
 
@@ -25,6 +27,8 @@ pub const DEFAULT_OWNED_CONFIG_NAME: &str = "02-istio-cni.conflist";
 const CONFIG_MODE: u32 = 0o644;
 const BINARY_MODE: u32 = 0o755;
 const DIR_MODE: u32 = 0o755;
+/// How long an unparseable config counts as being written rather than broken.
+pub const FLUX_WINDOW: Duration = Duration::from_secs(2);
 
 /// Where and what to install.
 #[derive(Clone, Debug)]
@@ -47,6 +51,11 @@ pub enum InstallError {
     /// The primary CNI has not written its config yet; we wait for it.
     #[error("no CNI config (*.conf or *.conflist that parses) in {}: waiting for the primary CNI to write one", .0.display())]
     NoPrimaryConfig(PathBuf),
+    /// A config that sorts before the primary does not parse but was just modified:
+    /// probably being written. Falling back to the next file now could edit (or wrap
+    /// and remove) a config the runtime does not use; retry shortly instead.
+    #[error("{} does not parse yet and was just modified: retrying shortly", .0.display())]
+    ConfigInFlux(PathBuf),
     #[error("{what} {}: {source}", path.display())]
     Io {
         what: &'static str,
@@ -55,7 +64,7 @@ pub enum InstallError {
     },
 }
 
-fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> InstallError + '_ {
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> InstallError + 'a {
     move |source| InstallError::Io {
         what,
         path: path.to_path_buf(),
@@ -101,14 +110,32 @@ impl std::fmt::Display for Changes {
     }
 }
 
+/// Identity of a file's content as far as metadata tells (device, inode, size, mtime).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp(u64, u64, u64, i64, i64);
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(path).ok()?;
+        Some(Stamp(m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Installer {
     config: InstallConfig,
+    /// Source and target stamps when they were last found identical: a repair pass
+    /// then skips reading two multi-megabyte binaries.
+    verified_binary: Arc<Mutex<Option<(Stamp, Stamp)>>>,
 }
 
 impl Installer {
     pub fn new(config: InstallConfig) -> Self {
-        Installer { config }
+        Installer {
+            config,
+            verified_binary: Default::default(),
+        }
     }
 
     pub fn config(&self) -> &InstallConfig {
@@ -144,18 +171,28 @@ impl Installer {
     pub fn ensure_binary(&self) -> Result<bool, InstallError> {
         let source = &self.config.plugin_source;
         let target = self.plugin_path();
-        let wanted = fs::read(source).map_err(io_err("reading the plugin binary", source))?;
-        match fs::read(&target) {
-            Ok(current) if current == wanted => return Ok(false),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err("reading", &target)(e)),
+        let mut verified = self
+            .verified_binary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let stamps = Stamp::of(source).zip(Stamp::of(&target));
+        if stamps.is_some() && stamps == *verified {
+            return Ok(false);
         }
-        fsutil::ensure_dir(&self.config.bin_dir, DIR_MODE)
-            .map_err(io_err("creating", &self.config.bin_dir))?;
-        fsutil::copy_atomic(source, &target, BINARY_MODE)
-            .map_err(io_err("installing the plugin binary to", &target))?;
-        Ok(true)
+        let wanted = fs::read(source).map_err(io_err("reading the plugin binary", source))?;
+        let write = match fs::read(&target) {
+            Ok(current) => current != wanted,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+            Err(e) => return Err(io_err("reading", &target)(e)),
+        };
+        if write {
+            fsutil::ensure_dir(&self.config.bin_dir, DIR_MODE)
+                .map_err(io_err("creating", &self.config.bin_dir))?;
+            fsutil::copy_atomic(source, &target, BINARY_MODE)
+                .map_err(io_err("installing the plugin binary to", &target))?;
+        }
+        *verified = Stamp::of(source).zip(Stamp::of(&target));
+        Ok(write)
     }
 
     /// Puts our entry into the chain of the primary config (or into our own conflist in
@@ -163,13 +200,21 @@ impl Installer {
     pub fn ensure_config(&self) -> Result<Changes, InstallError> {
         let dir = &self.config.conf_dir;
         let scan = conflist::scan(dir).map_err(io_err("reading", dir))?;
-        for (path, reason) in &scan.skipped {
-            tracing::debug!(path = %path.display(), reason, "skipping CNI config that does not parse");
+        for skipped in &scan.skipped {
+            let (path, reason) = (skipped.path.display(), &skipped.reason);
+            tracing::debug!(%path, reason, "skipping a CNI config that does not parse");
         }
         let owned = self.config.owned_config.as_deref();
         let primary = scan
             .primary(owned)
             .ok_or_else(|| InstallError::NoPrimaryConfig(dir.clone()))?;
+        let in_flux = scan
+            .skipped
+            .iter()
+            .find(|s| s.path < primary.path && s.is_fresh(FLUX_WINDOW));
+        if let Some(skipped) = in_flux {
+            return Err(InstallError::ConfigInFlux(skipped.path.clone()));
+        }
         let wanted = primary.with_entry(&self.config.settings.entry());
         let target = self.owned_path().unwrap_or_else(|| primary.list_path());
         let mut changes = Changes::default();
@@ -189,10 +234,11 @@ impl Installer {
         }
         // A wrapped `.conf` goes away, or the runtime would keep using it (it sorts
         // before the `.conflist` of the same name).
-        if self.owned_path().is_none() && primary.path != target {
-            if fsutil::remove_if_exists(&primary.path).map_err(io_err("removing", &primary.path))? {
-                changes.removed.push(primary.path.clone());
-            }
+        let wrapped = self.owned_path().is_none() && primary.path != target;
+        if wrapped
+            && fsutil::remove_if_exists(&primary.path).map_err(io_err("removing", &primary.path))?
+        {
+            changes.removed.push(primary.path.clone());
         }
         Ok(changes)
     }

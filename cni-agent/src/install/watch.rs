@@ -139,10 +139,16 @@ pub async fn run(
         waiting_logged: false,
         fights: FightDetector::new(settings.fight_window, settings.fight_threshold),
     };
-    state.pass(&installer, &readiness).await;
+    let mut retry = state.pass(&installer, &readiness).await;
     let mut last_pass = Instant::now();
     let mut resync = tokio::time::interval_at(last_pass + settings.resync, settings.resync);
     loop {
+        let retry_due = async {
+            match retry {
+                Some(delay) => tokio::time::sleep_until(last_pass + delay).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             event = rx.recv() => match event {
@@ -151,6 +157,7 @@ pub async fn run(
                 Some(event) => tracing::debug!(?event, "CNI dir changed"),
             },
             _ = resync.tick() => {}
+            _ = retry_due => {}
         }
         let due = (Instant::now() + settings.settle).max(last_pass + settings.min_interval);
         tokio::select! {
@@ -158,7 +165,7 @@ pub async fn run(
             _ = tokio::time::sleep_until(due) => {}
         }
         while rx.try_recv().is_ok() {}
-        state.pass(&installer, &readiness).await;
+        retry = state.pass(&installer, &readiness).await;
         last_pass = Instant::now();
     }
 }
@@ -169,8 +176,12 @@ struct PassState {
     fights: FightDetector,
 }
 
+/// Delay before re-checking a config that is being written.
+const IN_FLUX_RETRY: Duration = Duration::from_millis(250);
+
 impl PassState {
-    async fn pass(&mut self, installer: &Installer, readiness: &Readiness) {
+    /// One install pass; returns when to retry without waiting for an event, if needed.
+    async fn pass(&mut self, installer: &Installer, readiness: &Readiness) -> Option<Duration> {
         let worker = installer.clone();
         let result = tokio::task::spawn_blocking(move || worker.install()).await;
         match result {
@@ -179,7 +190,7 @@ impl PassState {
                 self.waiting_logged = false;
                 if !self.installed {
                     self.installed = true;
-                    tracing::info!(%changes, "istio-cni installed in the CNI chain");
+                    tracing::info!(%changes, "istio-cni is in the CNI chain");
                 } else if !changes.is_empty() {
                     tracing::info!(%changes, "repaired the CNI installation");
                     if let Some(count) = self.fights.record(Instant::now()) {
@@ -191,6 +202,10 @@ impl PassState {
                         );
                     }
                 }
+            }
+            Ok(Err(e @ InstallError::ConfigInFlux(_))) => {
+                tracing::debug!("{e}");
+                return Some(IN_FLUX_RETRY);
             }
             Ok(Err(e @ InstallError::NoPrimaryConfig(_))) => {
                 readiness.block(READY_CNI_CONFIG);
@@ -209,6 +224,7 @@ impl PassState {
                 tracing::error!("the install pass panicked: {e}");
             }
         }
+        None
     }
 }
 

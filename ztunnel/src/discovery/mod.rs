@@ -4,6 +4,7 @@
 //! [`crate::state::StateStore`] under its own name, so sources never see each other's
 //! data. `local` reads Istio's `LOCAL_XDS_PATH` file; a Kubernetes source comes later.
 
+pub mod kubernetes;
 pub mod local;
 mod local_fields;
 

@@ -194,7 +194,11 @@ impl Pool {
     async fn open(&self, key: &PoolKey, expected: &[Identity]) -> Result<Arc<Connection>, HboneError> {
         let cert = self.certs.fetch(&key.src_identity)?;
         let config = tls::client_config(&cert, expected.to_vec())?;
-        let socket = self.sockets.tcp_socket(key.dst).map_err(|e| HboneError::Connect(key.dst, e))?;
+        let socket = self
+            .sockets
+            .tcp_socket(key.dst)
+            .await
+            .map_err(|e| HboneError::Connect(key.dst, e))?;
         let tcp = timeout(CONNECT_TIMEOUT, socket.connect(key.dst))
             .await
             .map_err(|_| HboneError::Timeout("connecting to the destination's HBONE port"))?

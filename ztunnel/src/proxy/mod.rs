@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
 use crate::metrics::Metrics;
-use crate::socket::SocketFactory;
+use crate::socket::{LocalSocketFactory, SocketFactory};
 use crate::state::workload::Workload;
 use crate::state::StateStore;
 use connections::ConnectionManager;
@@ -75,17 +75,18 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    /// Binds all three, inbound ones with `IP_TRANSPARENT` when `transparent`.
-    pub fn bind(sockets: &dyn SocketFactory, addrs: ListenAddrs, transparent: bool) -> std::io::Result<Self> {
+    /// Binds all three in ztunnel's own namespace (dedicated mode).
+    pub fn bind(sockets: &LocalSocketFactory, addrs: ListenAddrs) -> std::io::Result<Self> {
         Ok(Listeners {
             outbound: sockets.listener(addrs.outbound, false)?,
-            inbound: sockets.listener(addrs.inbound, transparent)?,
-            inbound_plaintext: sockets.listener(addrs.inbound_plaintext, transparent)?,
+            inbound: sockets.listener(addrs.inbound, false)?,
+            inbound_plaintext: sockets.listener(addrs.inbound_plaintext, false)?,
         })
     }
 
-    /// Runs the three proxies until `inputs.drain` stops them.
-    pub fn spawn(self, inputs: ProxyInputs) {
+    /// Runs the three proxies until `inputs.drain` stops them. The handles finish
+    /// once the listeners are closed.
+    pub fn spawn(self, inputs: ProxyInputs) -> Vec<tokio::task::JoinHandle<()>> {
         if let Some(w) = inputs.local_workload() {
             if w.identity() != inputs.local.identity {
                 warn!(expected = %inputs.local.identity, discovered = %w.identity(),
@@ -94,9 +95,11 @@ impl Listeners {
         }
         info!(workload = %format!("{}/{}", inputs.local.namespace, inputs.local.name),
             identity = %inputs.local.identity, "starting proxies");
-        tokio::spawn(outbound::Outbound::new(inputs.clone()).run(self.outbound));
-        tokio::spawn(inbound::Inbound::new(inputs.clone()).run(self.inbound));
-        tokio::spawn(inbound_passthrough::InboundPassthrough::new(inputs).run(self.inbound_plaintext));
+        vec![
+            tokio::spawn(outbound::Outbound::new(inputs.clone()).run(self.outbound)),
+            tokio::spawn(inbound::Inbound::new(inputs.clone()).run(self.inbound)),
+            tokio::spawn(inbound_passthrough::InboundPassthrough::new(inputs).run(self.inbound_plaintext)),
+        ]
     }
 }
 

@@ -283,6 +283,14 @@ pub struct Authorization {
     /// Istio's `istio.io/dry-run`: evaluated and logged, never enforced.
     #[serde(default)]
     pub dry_run: bool,
+    /// How the source policy was changed to fit L4 (e.g. HTTP attributes dropped), so
+    /// `/config_dump` shows what is really enforced. Never affects matching.
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub warnings: Vec<String>,
 }
 
 impl Authorization {

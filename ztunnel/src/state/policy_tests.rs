@@ -44,6 +44,7 @@ fn allow(rules: Vec<Vec<Vec<RbacMatch>>>) -> Authorization {
         action: Action::Allow,
         rules,
         dry_run: false,
+        warnings: Vec::new(),
     }
 }
 

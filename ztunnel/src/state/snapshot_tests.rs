@@ -193,6 +193,7 @@ fn policy(name: &str, ns: &str, scope: Scope, action: Action, m: RbacMatch) -> A
         action,
         rules: vec![vec![vec![m]]],
         dry_run: false,
+        warnings: Vec::new(),
     }
 }
 

@@ -1,0 +1,253 @@
+//! The kubelet probe path on the NODE (run in the host netns): kubelet's probes to an
+//! enrolled pod are SNATed to `169.254.7.127` (IPv6 `fd16:9254:7127:1337:ffff:ffff:ffff:ffff`)
+//! so the in-pod rules can let them through uncaptured, while forwarded traffic
+//! (kube-proxy, no local socket) keeps its source and is captured.
+//!
+//! As Istio does: an ipset `istio-inpod-probes-v4` (`-v6`) of enrolled pod IPs, each
+//! entry commented with the pod UID, and in nat `POSTROUTING` a jump to our chain
+//! `ISTIO_POSTRT` holding
+//! `-p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127`.
+//! Sets are managed with the `ipset` CLI (Debian package `ipset`); rules go through
+//! the same one-transaction path as the in-pod rules.
+
+use super::iptables::{self, Backend, IptablesError};
+use super::plan::CheckResult;
+use super::rules::{ChainRef, ChainRules, IpFamily, RuleSet, Table, CHAIN_HOST_POSTROUTING};
+use std::net::IpAddr;
+use std::process::Command;
+
+pub const PROBE_IPSET_V4: &str = "istio-inpod-probes-v4";
+pub const PROBE_IPSET_V6: &str = "istio-inpod-probes-v6";
+/// Longest comment the kernel stores on a set entry.
+const MAX_COMMENT: usize = 255;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("running ipset {args}: {source}")]
+    Spawn {
+        args: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("ipset {args} failed: {stderr}")]
+    Ipset { args: String, stderr: String },
+    #[error(transparent)]
+    Iptables(#[from] IptablesError),
+    #[error("pod UID {0:?} is not a valid set comment")]
+    InvalidUid(String),
+}
+
+/// One member of a probe set: a pod IP and the UID it was added for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeEntry {
+    pub ip: IpAddr,
+    pub uid: Option<String>,
+}
+
+/// The node's probe SNAT: the sets and the `ISTIO_POSTRT` rules of each family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeSnat {
+    pub backend: Backend,
+    pub ipv6: bool,
+}
+
+impl ProbeSnat {
+    pub fn new(backend: Backend, ipv6: bool) -> Self {
+        ProbeSnat { backend, ipv6 }
+    }
+
+    pub fn set_name(family: IpFamily) -> &'static str {
+        match family {
+            IpFamily::V4 => PROBE_IPSET_V4,
+            IpFamily::V6 => PROBE_IPSET_V6,
+        }
+    }
+
+    pub fn families(&self) -> Vec<IpFamily> {
+        if self.ipv6 {
+            vec![IpFamily::V4, IpFamily::V6]
+        } else {
+            vec![IpFamily::V4]
+        }
+    }
+
+    /// The host rule set of one family (as `iptables-save` prints it).
+    pub fn rule_set(family: IpFamily) -> RuleSet {
+        let chain = ChainRef { table: Table::Nat, name: CHAIN_HOST_POSTROUTING, hook: "POSTROUTING" };
+        let rule = format!(
+            "-p tcp -m owner --socket-exists -m set --match-set {} dst -j SNAT --to-source {}",
+            Self::set_name(family),
+            family.probe_snat()
+        );
+        RuleSet { family, scope: vec![chain], wanted: vec![ChainRules { chain, rules: vec![rule] }] }
+    }
+
+    /// Creates the sets (kept with their members if present), then converges the
+    /// rules in one restore per family. Idempotent.
+    pub fn install(&self) -> Result<(), ProbeError> {
+        for family in self.families() {
+            let inet = match family {
+                IpFamily::V4 => "inet",
+                IpFamily::V6 => "inet6",
+            };
+            ipset(&["create", Self::set_name(family), "hash:ip", "family", inet, "comment", "-exist"])?;
+            iptables::apply(self.backend, &Self::rule_set(family))?;
+        }
+        Ok(())
+    }
+
+    /// Compares the host rules with the wanted ones (sets are not inspected).
+    pub fn check(&self) -> Result<CheckResult, ProbeError> {
+        let mut results = Vec::new();
+        for family in self.families() {
+            results.push(iptables::check(self.backend, &Self::rule_set(family))?);
+        }
+        Ok(CheckResult::combine(results))
+    }
+
+    /// Adds (or re-labels) a pod IP. An IPv6 address while IPv6 is off is skipped;
+    /// returns whether the IP was added.
+    pub fn add_pod(&self, ip: IpAddr, uid: &str) -> Result<bool, ProbeError> {
+        let family = IpFamily::of(&ip);
+        if family == IpFamily::V6 && !self.ipv6 {
+            return Ok(false);
+        }
+        if uid.is_empty() || uid.len() > MAX_COMMENT || !uid.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(ProbeError::InvalidUid(uid.to_owned()));
+        }
+        let ip = ip.to_string();
+        ipset(&["add", Self::set_name(family), &ip, "comment", uid, "-exist"])?;
+        Ok(true)
+    }
+
+    /// Removes a pod IP; an absent IP (or set) is fine.
+    pub fn remove_pod(&self, ip: IpAddr) -> Result<(), ProbeError> {
+        let family = IpFamily::of(&ip);
+        if !self.set_exists(family)? {
+            return Ok(());
+        }
+        ipset(&["del", Self::set_name(family), &ip.to_string(), "-exist"])?;
+        Ok(())
+    }
+
+    /// Removes every IP added for pod `uid` (when its IPs are no longer known).
+    pub fn remove_pod_uid(&self, uid: &str) -> Result<Vec<IpAddr>, ProbeError> {
+        let mut removed = Vec::new();
+        for family in self.families() {
+            for entry in self.members(family)? {
+                if entry.uid.as_deref() == Some(uid) {
+                    self.remove_pod(entry.ip)?;
+                    removed.push(entry.ip);
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The members of one family's set (empty if the set does not exist).
+    pub fn members(&self, family: IpFamily) -> Result<Vec<ProbeEntry>, ProbeError> {
+        if !self.set_exists(family)? {
+            return Ok(Vec::new());
+        }
+        let text = ipset(&["list", Self::set_name(family), "-output", "save"])?;
+        Ok(parse_members(&text))
+    }
+
+    /// Removes the rules and chain of every family (v4 and v6, whatever `ipv6` says),
+    /// then destroys the sets.
+    pub fn uninstall(&self) -> Result<(), ProbeError> {
+        for family in [IpFamily::V4, IpFamily::V6] {
+            iptables::remove(self.backend, &Self::rule_set(family))?;
+        }
+        for family in [IpFamily::V4, IpFamily::V6] {
+            if self.set_exists(family)? {
+                ipset(&["destroy", Self::set_name(family)])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn set_exists(&self, family: IpFamily) -> Result<bool, ProbeError> {
+        let names = ipset(&["list", "-name"])?;
+        Ok(names.lines().any(|n| n.trim() == Self::set_name(family)))
+    }
+}
+
+/// Parses `ipset list <set> -output save`: `add <set> <ip> [comment "<uid>"]` lines.
+fn parse_members(text: &str) -> Vec<ProbeEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let mut tokens = line.split_whitespace();
+            if tokens.next() != Some("add") {
+                return None;
+            }
+            let _set = tokens.next()?;
+            let ip: IpAddr = tokens.next()?.parse().ok()?;
+            let mut uid = None;
+            while let Some(t) = tokens.next() {
+                if t == "comment" {
+                    uid = tokens.next().map(|c| c.trim_matches('"').to_owned());
+                }
+            }
+            Some(ProbeEntry { ip, uid })
+        })
+        .collect()
+}
+
+/// Runs the `ipset` CLI in the current thread's netns, returning stdout.
+fn ipset(args: &[&str]) -> Result<String, ProbeError> {
+    let joined = args.join(" ");
+    let out = Command::new("ipset")
+        .args(args)
+        .output()
+        .map_err(|source| ProbeError::Spawn { args: joined.clone(), source })?;
+    if !out.status.success() {
+        return Err(ProbeError::Ipset {
+            args: joined,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_rule_is_istios_probe_snat() {
+        let text = ProbeSnat::rule_set(IpFamily::V4).render();
+        assert_eq!(
+            text,
+            "*nat\n:ISTIO_POSTRT - [0:0]\n-A POSTROUTING -j ISTIO_POSTRT\n\
+             -A ISTIO_POSTRT -p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127\nCOMMIT\n"
+        );
+        assert!(ProbeSnat::rule_set(IpFamily::V6)
+            .render()
+            .contains("istio-inpod-probes-v6 dst -j SNAT --to-source fd16:9254:7127:1337:ffff:ffff:ffff:ffff\n"));
+    }
+
+    #[test]
+    fn parses_set_members() {
+        let text = "create istio-inpod-probes-v4 hash:ip family inet hashsize 1024 maxelem 65536 comment\n\
+                    add istio-inpod-probes-v4 10.244.1.10 comment \"uid-1\"\n\
+                    add istio-inpod-probes-v4 10.244.1.11\n\
+                    add istio-inpod-probes-v4 not-an-ip\n";
+        assert_eq!(
+            parse_members(text),
+            [
+                ProbeEntry { ip: "10.244.1.10".parse().unwrap(), uid: Some("uid-1".into()) },
+                ProbeEntry { ip: "10.244.1.11".parse().unwrap(), uid: None },
+            ]
+        );
+    }
+
+    #[test]
+    fn rejects_uids_that_are_not_plain_names() {
+        let probe = ProbeSnat::new(Backend::Nft, false);
+        let err = probe.add_pod("10.0.0.1".parse().unwrap(), "a\" b").unwrap_err();
+        assert!(matches!(err, ProbeError::InvalidUid(_)));
+        // IPv6 is off: skipped before any command runs.
+        assert!(!probe.add_pod("fd00::1".parse().unwrap(), "uid").unwrap());
+    }
+}

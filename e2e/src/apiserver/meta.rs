@@ -1,0 +1,242 @@
+//! Object bookkeeping the server owns: names, uids, timestamps, generation, and the few
+//! type defaults our clients rely on (pod phase, namespace name label, service VIPs).
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+
+use rand::Rng;
+use serde_json::{json, Map, Value};
+
+use super::errors::{ApiError, ApiResult};
+use super::resources::Resource;
+
+/// `metadata.name` of an object, "" when missing.
+pub fn name_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+pub fn namespace_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+pub fn resource_version_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// `metadata` as a mutable map, created when missing; `None` when `obj` is no object.
+pub fn metadata_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    let meta = obj
+        .as_object_mut()?
+        .entry("metadata")
+        .or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    meta.as_object_mut()
+}
+
+/// Current time as Kubernetes writes it: RFC 3339, UTC, whole seconds.
+pub fn now_rfc3339() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let now = now.replace_nanosecond(0).unwrap_or(now);
+    now.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// Seconds since an RFC 3339 timestamp (for the AGE column).
+pub fn age_seconds(timestamp: &str) -> Option<i64> {
+    let then =
+        time::OffsetDateTime::parse(timestamp, &time::format_description::well_known::Rfc3339)
+            .ok()?;
+    Some(
+        (time::OffsetDateTime::now_utc() - then)
+            .whole_seconds()
+            .max(0),
+    )
+}
+
+/// A random version-4 UUID.
+pub fn new_uid() -> String {
+    let mut b: [u8; 16] = rand::rng().random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// `generateName` plus five random characters, the alphabet Kubernetes uses.
+pub fn generate_name(prefix: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("{prefix}{suffix}")
+}
+
+/// DNS-1123 subdomain check (namespaces must also be a DNS-1123 label).
+pub fn validate_name(rs: &Resource, name: &str) -> ApiResult<()> {
+    let max = if rs.plural == "namespaces" { 63 } else { 253 };
+    let ok_chars = name.bytes().all(|c| {
+        c.is_ascii_lowercase()
+            || c.is_ascii_digit()
+            || c == b'-'
+            || (c == b'.' && rs.plural != "namespaces")
+    });
+    let ok_ends = name
+        .bytes()
+        .next()
+        .zip(name.bytes().last())
+        .is_some_and(|(a, z)| a.is_ascii_alphanumeric() && z.is_ascii_alphanumeric());
+    if name.is_empty() {
+        return Err(ApiError::invalid(
+            rs.kind,
+            name,
+            "metadata.name: Required value: name or generateName is required",
+        ));
+    }
+    if name.len() > max || !ok_chars || !ok_ends {
+        return Err(ApiError::invalid(
+            rs.kind,
+            name,
+            format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 name must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (at most {max} characters)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Type defaults applied on create. `used_ips` lists the service VIPs already taken.
+pub fn apply_create_defaults(rs: &Resource, obj: &mut Value, used_ips: &HashSet<String>) {
+    match (rs.group, rs.plural) {
+        ("", "namespaces") => {
+            let name = name_of(obj).to_string();
+            if let Some(meta) = metadata_mut(obj) {
+                let labels = meta.entry("labels").or_insert_with(|| json!({}));
+                if let Some(labels) = labels.as_object_mut() {
+                    labels.insert("kubernetes.io/metadata.name".into(), Value::String(name));
+                }
+            }
+            set_if_missing(obj, "/status/phase", "Active");
+        }
+        ("", "pods") => set_if_missing(obj, "/status/phase", "Pending"),
+        ("", "services") => {
+            set_if_missing(obj, "/spec/type", "ClusterIP");
+            let ip = obj
+                .pointer("/spec/clusterIP")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if ip.is_empty()
+                && obj.pointer("/spec/type").and_then(Value::as_str) != Some("ExternalName")
+            {
+                if let Some(ip) = allocate_ip(used_ips) {
+                    set_path(obj, "/spec/clusterIPs", json!([ip]));
+                    set_path(obj, "/spec/clusterIP", json!(ip));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn set_if_missing(obj: &mut Value, pointer: &str, value: &str) {
+    if obj.pointer(pointer).is_none() {
+        set_path(obj, pointer, json!(value));
+    }
+}
+
+/// Sets the field at a JSON pointer, creating objects on the way; does nothing when a
+/// step is not an object (malformed input must not panic).
+pub fn set_path(obj: &mut Value, pointer: &str, value: Value) {
+    let parts: Vec<&str> = pointer.trim_start_matches('/').split('/').collect();
+    let Some((last, parents)) = parts.split_last() else {
+        return;
+    };
+    let mut cur = obj;
+    for part in parents {
+        let Some(map) = cur.as_object_mut() else {
+            return;
+        };
+        cur = map.entry(part.to_string()).or_insert_with(|| json!({}));
+    }
+    if let Some(map) = cur.as_object_mut() {
+        map.insert(last.to_string(), value);
+    }
+}
+
+/// The first free address in 10.96.0.0/16 from .10 on (the usual service CIDR).
+fn allocate_ip(used: &HashSet<String>) -> Option<String> {
+    (10u32..65_535)
+        .map(|n| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + n).to_string())
+        .find(|ip| !used.contains(ip))
+}
+
+/// Everything but metadata and status: a change here bumps `metadata.generation`.
+pub fn spec_part(obj: &Value) -> Value {
+    match obj {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "metadata" | "status" | "kind" | "apiVersion")
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::resources::find;
+
+    #[test]
+    fn names_and_uids() {
+        let pods = find("", "v1", "pods").unwrap();
+        let ns = find("", "v1", "namespaces").unwrap();
+        assert!(validate_name(pods, "web-1.x").is_ok());
+        assert!(validate_name(ns, "web.x").is_err());
+        assert!(validate_name(pods, "Web").is_err());
+        assert!(validate_name(pods, "-a").is_err());
+        assert!(validate_name(pods, "").is_err());
+        assert_eq!(new_uid().len(), 36);
+        assert_eq!(generate_name("web-").len(), 9);
+        assert!(now_rfc3339().ends_with('Z'));
+        assert!(age_seconds(&now_rfc3339()).is_some_and(|a| a < 5));
+    }
+
+    #[test]
+    fn defaults() {
+        let svc = find("", "v1", "services").unwrap();
+        let mut used = HashSet::new();
+        used.insert("10.96.0.10".to_string());
+        let mut obj = json!({"metadata": {"name": "s"}, "spec": {}});
+        apply_create_defaults(svc, &mut obj, &used);
+        assert_eq!(obj["spec"]["clusterIP"], "10.96.0.11");
+        let ns = find("", "v1", "namespaces").unwrap();
+        let mut obj = json!({"metadata": {"name": "demo"}});
+        apply_create_defaults(ns, &mut obj, &used);
+        assert_eq!(
+            obj["metadata"]["labels"]["kubernetes.io/metadata.name"],
+            "demo"
+        );
+        assert_eq!(obj["status"]["phase"], "Active");
+        let pods = find("", "v1", "pods").unwrap();
+        let mut obj = json!({"metadata": {"name": "p"}, "status": {"phase": "Running"}});
+        apply_create_defaults(pods, &mut obj, &used);
+        assert_eq!(obj["status"]["phase"], "Running");
+    }
+}

@@ -1,0 +1,136 @@
+//! The fixed table of resources this server knows. One row per resource; versions of
+//! one group share storage (security.istio.io v1 and v1beta1 see the same objects).
+
+/// A served resource type.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Resource {
+    /// API group, "" for core.
+    pub group: &'static str,
+    /// Served versions, preferred first.
+    pub versions: &'static [&'static str],
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    /// Has a `/status` subresource: main-resource updates keep `.status`, status updates
+    /// keep everything but `.status` and metadata labels/annotations.
+    pub status: bool,
+}
+
+impl Resource {
+    /// `apiVersion` for `version`, e.g. "v1" or "apps/v1".
+    pub fn api_version(&self, version: &str) -> String {
+        if self.group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{}/{}", self.group, version)
+        }
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    pub fn serves(&self, version: &str) -> bool {
+        self.versions.contains(&version)
+    }
+
+    /// Storage identity: the group and plural, independent of version.
+    pub fn storage_key(&self) -> (&'static str, &'static str) {
+        (self.group, self.plural)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+const fn res(
+    group: &'static str,
+    versions: &'static [&'static str],
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short_names: &'static [&'static str],
+    status: bool,
+) -> Resource {
+    Resource {
+        group,
+        versions,
+        plural,
+        singular,
+        kind,
+        namespaced,
+        short_names,
+        status,
+    }
+}
+
+const V1: &[&str] = &["v1"];
+const ISTIO: &[&str] = &["v1", "v1beta1"];
+
+/// Every resource served. Add a row to serve another type.
+#[rustfmt::skip]
+pub static RESOURCES: &[Resource] = &[
+    res("", V1, "namespaces", "namespace", "Namespace", false, &["ns"], true),
+    res("", V1, "nodes", "node", "Node", false, &["no"], true),
+    res("", V1, "pods", "pod", "Pod", true, &["po"], true),
+    res("", V1, "services", "service", "Service", true, &["svc"], true),
+    res("", V1, "serviceaccounts", "serviceaccount", "ServiceAccount", true, &["sa"], false),
+    res("", V1, "endpoints", "endpoints", "Endpoints", true, &["ep"], false),
+    res("", V1, "events", "event", "Event", true, &["ev"], false),
+    res("", V1, "configmaps", "configmap", "ConfigMap", true, &["cm"], false),
+    res("", V1, "secrets", "secret", "Secret", true, &[], false),
+    res("apps", V1, "daemonsets", "daemonset", "DaemonSet", true, &["ds"], true),
+    res("apps", V1, "deployments", "deployment", "Deployment", true, &["deploy"], true),
+    res("discovery.k8s.io", V1, "endpointslices", "endpointslice", "EndpointSlice", true, &[], false),
+    res("coordination.k8s.io", V1, "leases", "lease", "Lease", true, &[], false),
+    res("security.istio.io", ISTIO, "authorizationpolicies", "authorizationpolicy", "AuthorizationPolicy", true, &["ap"], true),
+    res("security.istio.io", ISTIO, "peerauthentications", "peerauthentication", "PeerAuthentication", true, &["pa"], true),
+];
+
+/// The resource served at `/api[s]/<group>/<version>/<plural>`.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.plural == plural && r.serves(version))
+}
+
+/// The resource stored under `(group, plural)` (any version).
+pub fn by_storage(group: &str, plural: &str) -> Option<&'static Resource> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.plural == plural)
+}
+
+/// API groups other than core, in first-seen order, with their versions.
+pub fn groups() -> Vec<(&'static str, &'static [&'static str])> {
+    let mut out: Vec<(&'static str, &'static [&'static str])> = Vec::new();
+    for r in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+        if !out.iter().any(|(g, _)| *g == r.group) {
+            out.push((r.group, r.versions));
+        }
+    }
+    out
+}
+
+/// The namespace resource, needed by the store for cascading deletes.
+pub fn namespaces() -> &'static Resource {
+    &RESOURCES[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookups() {
+        assert_eq!(find("", "v1", "pods").map(|r| r.kind), Some("Pod"));
+        assert!(find("", "v2", "pods").is_none());
+        assert_eq!(
+            find("security.istio.io", "v1beta1", "authorizationpolicies").map(|r| r.kind),
+            Some("AuthorizationPolicy")
+        );
+        assert_eq!(namespaces().plural, "namespaces");
+        assert!(groups().iter().any(|(g, _)| *g == "apps"));
+    }
+}

@@ -1,0 +1,64 @@
+//! kube-apiserver-lite: the local Kubernetes API server of the demo and e2e tests.
+//! Parses flags and runs `e2e::apiserver`; see that module for what is served.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use e2e::apiserver::{write_kubeconfig, ApiServer, Options};
+
+#[derive(Parser, Debug)]
+#[command(about = "A small Kubernetes API server (plain HTTP, no auth) for tests and demos")]
+struct Args {
+    /// Address to listen on (port 0 picks a free port; see the printed URL).
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: String,
+    /// JSON snapshot persisted on every change and loaded on start.
+    #[arg(long)]
+    state_file: Option<PathBuf>,
+    /// Write a kubeconfig for this server to PATH once listening.
+    #[arg(long, value_name = "PATH")]
+    print_kubeconfig: Option<PathBuf>,
+    /// Events kept for resuming watches; older resourceVersions get 410 Gone.
+    #[arg(long, default_value_t = 10_000)]
+    event_log_size: usize,
+    /// Seconds between watch bookmarks.
+    #[arg(long, default_value_t = 5)]
+    bookmark_interval: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let options = Options {
+        state_file: args.state_file,
+        event_log_capacity: args.event_log_size,
+        bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
+        ..Options::default()
+    };
+    let server = ApiServer::bind_with(args.listen.as_str(), options)
+        .await
+        .with_context(|| format!("starting on {}", args.listen))?;
+    if let Some(path) = &args.print_kubeconfig {
+        write_kubeconfig(path, &server.url())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    // One line on stdout, so a parent using port 0 can learn the address.
+    println!("kube-apiserver-lite listening on {}", server.url());
+    let control = server.spawn();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    control.shutdown();
+    control.stopped().await;
+    Ok(())
+}

@@ -1,0 +1,39 @@
+{{/* Names are fixed (Istio's): the node agent and tooling know the ztunnel pods by
+     app=ztunnel in the system namespace, and there is one ztunnel per node. */}}
+{{- define "ztunnel.name" -}}ztunnel{{- end }}
+{{- define "ztunnel.localConfigMap" -}}ztunnel-local-config{{- end }}
+{{- define "ztunnel.localConfigDir" -}}/etc/ztunnel/local{{- end }}
+
+{{- define "ztunnel.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. No istio.io/rev: this data plane is revision-free. */}}
+{{- define "ztunnel.labels" -}}
+app: {{ include "ztunnel.name" . }}
+app.kubernetes.io/name: {{ include "ztunnel.name" . }}
+app.kubernetes.io/part-of: istio
+app.kubernetes.io/component: ztunnel
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "ztunnel.chart" . }}
+{{- end }}
+
+{{- define "ztunnel.selectorLabels" -}}
+app: {{ include "ztunnel.name" . }}
+{{- end }}
+
+{{- define "ztunnel.image" -}}
+{{ .Values.image.hub }}/{{ .Values.image.name }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* "true" when ztunnel reads the Kubernetes API. */}}
+{{- define "ztunnel.usesKubernetes" -}}
+{{- if has .Values.discovery.source (list "kubernetes" "both") }}true{{ end }}
+{{- end }}
+
+{{/* "true" when ztunnel reads the local config file. */}}
+{{- define "ztunnel.usesLocal" -}}
+{{- if has .Values.discovery.source (list "local" "both") }}true{{ end }}
+{{- end }}

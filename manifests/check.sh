@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# Checks the Helm charts under manifests/charts (CI runs it; so can anyone):
+#   1. helm lint --strict, for both charts and every value combination below;
+#   2. the default renders (and the CRD render) equal the golden files in testdata/;
+#   3. every combination renders, and every object in it validates strictly against
+#      the Kubernetes 1.33 OpenAPI schemas (kubernetes-validate), plus our invariants
+#      (namespaces, labels, hardened containers, structural CRD) and the expectations
+#      listed with the combination;
+#   4. AuthorizationPolicy samples validate against the CRD, and broken ones do not;
+#   5. bad values fail with the schema error that names them (values.schema.json).
+#
+# Usage: manifests/check.sh [--update] [--install]
+#   --update   rewrite the golden files from the current charts, then check the rest.
+#   --install  install missing tools first (scripts/install-chart-tools.sh).
+# Tools: helm v4 and the PyPI package kubernetes-validate; scripts/install-chart-tools.sh
+# installs both (this script runs it itself when they are missing and CI is set).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+cd "$here"
+
+KUBE_VERSION=1.33.0
+NAMESPACE=istio-system
+HELM="${HELM:-helm}"
+PYTHON="${PYTHON:-python3}"
+
+update=false
+install=false
+for arg in "$@"; do
+  case "$arg" in
+    --update) update=true ;;
+    --install) install=true ;;
+    -h | --help)
+      awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$here/check.sh"
+      exit 0
+      ;;
+    *)
+      echo "check.sh: unknown argument $arg (try --help)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+tools_ok() {
+  command -v "$HELM" >/dev/null 2>&1 &&
+    "$HELM" version --short 2>/dev/null | grep -q '^v[34]\.' &&
+    "$PYTHON" -c 'import kubernetes_validate' >/dev/null 2>&1
+}
+if ! tools_ok; then
+  if [ "$install" = true ] || [ -n "${CI:-}" ]; then
+    bash "$root/scripts/install-chart-tools.sh"
+    hash -r
+  fi
+  if ! tools_ok; then
+    echo "check.sh: needs helm and the Python package kubernetes-validate;" \
+      "run scripts/install-chart-tools.sh (or check.sh --install)" >&2
+    exit 2
+  fi
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+passed=0
+failed=0
+failures=()
+indent() { sed 's/^/      /'; }
+pass() {
+  passed=$((passed + 1))
+  echo "ok    $1"
+}
+fail() {
+  failed=$((failed + 1))
+  failures+=("$1")
+  echo "FAIL  $1"
+}
+
+# helm template with the release name, namespace and Kubernetes version every render
+# here uses. $1 = chart (cni | ztunnel), the rest = value arguments.
+render() {
+  local chart="$1"
+  shift
+  local release
+  case "$chart" in
+    cni) release=istio-cni ;;
+    ztunnel) release=ztunnel ;;
+  esac
+  "$HELM" template "$release" "charts/$chart" --namespace "$NAMESPACE" \
+    --kube-version "$KUBE_VERSION" "$@"
+}
+
+# ---------------------------------------------------------------- 1. lint
+for chart in cni ztunnel; do
+  if out="$("$HELM" lint --strict "charts/$chart" --namespace "$NAMESPACE" \
+    --kube-version "$KUBE_VERSION" 2>&1)"; then
+    pass "lint $chart"
+  else
+    indent <<<"$out"
+    fail "lint $chart"
+  fi
+done
+
+# ---------------------------------------------------------------- 2. golden renders
+# name | chart | value arguments
+goldens=(
+  "cni|cni|"
+  "ztunnel|ztunnel|"
+  "ztunnel-crds-both|ztunnel|--set crds.enabled=true --set discovery.source=both"
+)
+for entry in "${goldens[@]}"; do
+  IFS='|' read -r name chart args <<<"$entry"
+  golden="testdata/$name.golden.yaml"
+  # shellcheck disable=SC2086 # args are words
+  if ! render "$chart" $args >"$work/$name.yaml" 2>"$work/$name.err"; then
+    indent <"$work/$name.err"
+    fail "golden $name: render failed"
+    continue
+  fi
+  if [ "$update" = true ]; then
+    cp "$work/$name.yaml" "$golden"
+    pass "golden $name (rewritten)"
+  elif [ ! -f "$golden" ]; then
+    fail "golden $name: $golden missing (run manifests/check.sh --update)"
+  elif diff -u "$golden" "$work/$name.yaml" >"$work/$name.diff"; then
+    pass "golden $name"
+  else
+    indent <"$work/$name.diff" | head -n 80
+    fail "golden $name: render differs from $golden (if intended: manifests/check.sh --update)"
+  fi
+done
+
+# ---------------------------------------------------------------- 3. value combinations
+# Every documented value combination: chart | value arguments | expectations (';'-
+# separated, the forms of validate.py --help). Value files are relative to manifests/.
+cni_ds='DaemonSet/istio-cni-node:spec.template.spec'
+cni_ctr="$cni_ds.containers[name=install-cni]"
+cni_cm='ConfigMap/istio-cni-config:data'
+zt_ds='DaemonSet/ztunnel:spec.template.spec'
+zt_ctr="$zt_ds.containers[name=istio-proxy]"
+crd='CustomResourceDefinition/authorizationpolicies.security.istio.io'
+combos=(
+  # --- cni
+  "cni||$cni_cm.ISTIO_OWNED_CNI_CONFIG=false; $cni_cm.CNI_UNINSTALL_ON_EXIT=false; $cni_ctr.env[name=CNI_AGENT_RUN_DIR].value=/var/run/istio-cni; $cni_ctr.env[name=CNI_NET_DIR].value=/host/etc/cni/net.d; $cni_ctr.env[name=CNI_BIN_DIR].value=/host/opt/cni/bin; $cni_cm.EXCLUDE_NAMESPACES=kube-system; $cni_ds.hostNetwork=true; $cni_ds.volumes[name=cni-bin-dir].hostPath.path=/opt/cni/bin; $cni_ds.volumes[name=cni-net-dir].hostPath.path=/etc/cni/net.d; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPropagation=HostToContainer; $cni_ctr.securityContext.capabilities.add.3=SYS_PTRACE; !$cni_ctr.securityContext.capabilities.add.4; $cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS].value=/var/run/ztunnel/ztunnel.sock; $cni_ctr.livenessProbe.httpGet.path=/healthz; $cni_ctr.readinessProbe.httpGet.port=8000; DaemonSet/istio-cni-node:spec.updateStrategy.rollingUpdate.maxUnavailable=1"
+  "cni|--set chained=false|$cni_cm.ISTIO_OWNED_CNI_CONFIG=true; $cni_cm.ISTIO_OWNED_CNI_CONFIG_FILENAME=02-istio-cni.conflist"
+  "cni|--set chained=false --set istioOwnedCNIConfigFileName=01-mesh.conflist|$cni_cm.ISTIO_OWNED_CNI_CONFIG_FILENAME=01-mesh.conflist"
+  "cni|--set uninstallOnExit=true|$cni_cm.CNI_UNINSTALL_ON_EXIT=true"
+  "cni|--set ambient.ipv6=false|$cni_cm.AMBIENT_IPV6=false"
+  "cni|--set ambient.dnsCapture=true|$cni_cm.AMBIENT_DNS_CAPTURE=true"
+  "cni|--set ambient.reconcileIptablesOnStartup=true|$cni_cm.AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=true"
+  "cni|--set ambient.enabled=false|$cni_cm.AMBIENT_ENABLED=false; !$cni_ctr.securityContext.capabilities.add; !$cni_ds.volumes[name=cni-host-procfs]; !$cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS]"
+  "cni|--set ambient.enabled=false --set extraCapabilities={DAC_OVERRIDE}|$cni_ctr.securityContext.capabilities.add.0=DAC_OVERRIDE"
+  "cni|--set extraCapabilities={DAC_OVERRIDE}|$cni_ctr.securityContext.capabilities.add.4=DAC_OVERRIDE"
+  "cni|--set excludeNamespaces={kube-system,monitoring}|$cni_cm.EXCLUDE_NAMESPACES=kube-system,monitoring"
+  "cni|--set logLevel=debug --set pluginLogLevel=debug|$cni_cm.RUST_LOG=debug; $cni_cm.PLUGIN_LOG_LEVEL=debug"
+  "cni|--set image.hub=registry.example.com/mesh --set image.tag=dev-1|$cni_ctr.image=registry.example.com/mesh/ambient-rs:dev-1"
+  "cni|--set env.FOO=bar --set podAnnotations.team=net --set nodeSelector.pool=mesh|$cni_ctr.env[name=FOO].value=bar; $cni_ds.nodeSelector.pool=mesh; $cni_ds.nodeSelector.kubernetes\\.io/os=linux"
+  "cni|--set seccompProfile=null --set appArmorProfile=null|!$cni_ctr.securityContext.seccompProfile; !$cni_ctr.securityContext.appArmorProfile"
+  "cni|-f platforms/k3s.yaml|$cni_ds.volumes[name=cni-bin-dir].hostPath.path=/var/lib/rancher/k3s/data/cni; $cni_ds.volumes[name=cni-net-dir].hostPath.path=/var/lib/rancher/k3s/agent/etc/cni/net.d; $cni_ctr.env[name=CNI_NET_DIR].value=/host/etc/cni/net.d"
+  "cni|-f platforms/k3d.yaml|$cni_ds.volumes[name=cni-bin-dir].hostPath.path=/var/lib/rancher/k3s/data/cni"
+  "cni|-f platforms/k3d.yaml --set cniBinDir=/bin|$cni_ds.volumes[name=cni-bin-dir].hostPath.path=/bin"
+  "cni|-f platforms/minikube.yaml|$cni_ds.volumes[name=cni-netns-dir].hostPath.path=/var/run/docker/netns; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPath=/var/run/docker/netns; $cni_ctr.env[name=CNI_NETNS_DIR].value=/var/run/docker/netns"
+  "cni|-f platforms/microk8s.yaml|$cni_ds.volumes[name=cni-net-dir].hostPath.path=/var/snap/microk8s/current/args/cni-network"
+  # --- ztunnel
+  "ztunnel||!$crd; $zt_ctr.env[name=DISCOVERY_SOURCE].value=kubernetes; !$zt_ctr.env[name=LOCAL_XDS_PATH]; !ConfigMap/ztunnel-local-config; ClusterRole/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=true; $zt_ctr.env[name=PROXY_MODE].value=shared; $zt_ctr.env[name=XDS_ADDRESS].value=; $zt_ctr.env[name=INPOD_UDS].value=/var/run/ztunnel/ztunnel.sock; $zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=25s; $zt_ds.volumes[name=cacerts].secret.secretName=cacerts; $zt_ctr.volumeMounts[name=cacerts].readOnly=true; $zt_ctr.readinessProbe.httpGet.path=/healthz/ready; $zt_ctr.ports[name=ztunnel-stats].containerPort=15020; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxSurge=1; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxUnavailable=0; $zt_ds.terminationGracePeriodSeconds=30; DaemonSet/ztunnel:spec.template.metadata.labels.app=ztunnel"
+  "ztunnel|--set discovery.source=kubernetes|$zt_ctr.env[name=DISCOVERY_SOURCE].value=kubernetes; ClusterRoleBinding/ztunnel"
+  "ztunnel|--set discovery.source=local|$zt_ctr.env[name=DISCOVERY_SOURCE].value=local; $zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; ConfigMap/ztunnel-local-config:data.config\\.yaml; !ClusterRole/ztunnel; !ClusterRoleBinding/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=false"
+  "ztunnel|--set discovery.source=both|$zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; ClusterRole/ztunnel; ConfigMap/ztunnel-local-config"
+  "ztunnel|--set crds.enabled=true|$crd:metadata.annotations.helm\\.sh/resource-policy=keep; $crd:spec.versions[name=v1beta1].storage=true; $crd:spec.versions[name=v1].storage=false; $crd:spec.versions[name=v1].served=true"
+  "ztunnel|--set crds.enabled=true --set discovery.source=local|$crd; !ClusterRole/ztunnel"
+  "ztunnel|--set crds.enabled=false|!$crd"
+  "ztunnel|--set trustDomain=example.org --set clusterId=east --set caSecretName=mesh-ca --set workloadCertTTL=12h|$zt_ctr.env[name=TRUST_DOMAIN].value=example.org; $zt_ctr.env[name=CLUSTER_ID].value=east; $zt_ds.volumes[name=cacerts].secret.secretName=mesh-ca; $zt_ctr.env[name=WORKLOAD_CERT_TTL].value=12h"
+  "ztunnel|--set terminationGracePeriodSeconds=3 --set workerThreads=4 --set logLevel=info\\,ztunnel::proxy=debug|$zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=1s; $zt_ctr.env[name=ZTUNNEL_WORKER_THREADS].value=4; $zt_ctr.env[name=RUST_LOG].value=info,ztunnel::proxy=debug"
+  "ztunnel|--set discovery.source=local --set-file discovery.localConfig=testdata/local-config.yaml|ConfigMap/ztunnel-local-config:data.config\\.yaml~=- !Exact cluster.local/ns/shop/sa/client"
+  "ztunnel|--set env.PACKET_MARK=1337 --set image.pullPolicy=Always|$zt_ctr.env[name=PACKET_MARK].value=1337; $zt_ctr.imagePullPolicy=Always"
+)
+i=0
+for entry in "${combos[@]}"; do
+  i=$((i + 1))
+  IFS='|' read -r chart args expectations <<<"$entry"
+  label="render $chart ${args:-(defaults)}"
+  out="$work/combo-$i.yaml"
+  # shellcheck disable=SC2086 # args are words
+  if ! render "$chart" $args >"$out" 2>"$work/combo-$i.err"; then
+    indent <"$work/combo-$i.err"
+    fail "$label: render failed"
+    continue
+  fi
+  # shellcheck disable=SC2086
+  if ! lint_out="$("$HELM" lint --strict "charts/$chart" --namespace "$NAMESPACE" \
+    --kube-version "$KUBE_VERSION" $args 2>&1)"; then
+    indent <<<"$lint_out"
+    fail "$label: lint failed"
+    continue
+  fi
+  expect_args=()
+  IFS=';' read -ra exprs <<<"$expectations"
+  for e in "${exprs[@]}"; do
+    e="$(echo "$e" | sed 's/^ *//; s/ *$//')"
+    [ -n "$e" ] && expect_args+=(--expect "$e")
+  done
+  if "$PYTHON" validate.py --namespace "$NAMESPACE" "${expect_args[@]}" "$out" >"$work/combo-$i.log"; then
+    pass "$label"
+  else
+    cat "$work/combo-$i.log"
+    fail "$label"
+  fi
+done
+
+# ---------------------------------------------------------------- 4. CRD samples
+render ztunnel --set crds.enabled=true >"$work/crd.yaml"
+if "$PYTHON" validate.py --crds-from "$work/crd.yaml" testdata/authorizationpolicies.yaml >"$work/ap.log"; then
+  pass "AuthorizationPolicy samples validate against the CRD"
+else
+  cat "$work/ap.log"
+  fail "AuthorizationPolicy samples validate against the CRD"
+fi
+if "$PYTHON" validate.py --expect-invalid --crds-from "$work/crd.yaml" \
+  testdata/authorizationpolicies-invalid.yaml >"$work/ap-bad.log"; then
+  pass "broken AuthorizationPolicy samples are rejected by the CRD"
+else
+  cat "$work/ap-bad.log"
+  fail "broken AuthorizationPolicy samples are rejected by the CRD"
+fi
+
+# ---------------------------------------------------------------- 5. bad values
+# chart | value arguments | text the error must contain
+bad=(
+  "cni|--set chained=maybe|/chained"
+  "cni|--set uninstallOnExit=1|/uninstallOnExit"
+  "cni|--set cniBinDir=opt/cni/bin|/cniBinDir"
+  "cni|--set cniConfDir=|/cniConfDir"
+  "cni|--set cniBinDri=/opt/cni/bin|'cniBinDri' not allowed"
+  "cni|--set ambient.ipv6=yes|/ambient/ipv6"
+  "cni|--set ambient.dnscapture=true|'dnscapture' not allowed"
+  "cni|--set excludeNamespaces=kube-system|/excludeNamespaces"
+  "cni|--set excludeNamespaces={Kube_System}|/excludeNamespaces/0"
+  "cni|--set image.pullPolicy=Sometimes|/image/pullPolicy"
+  "cni|--set image.tag=7|/image/tag"
+  "cni|--set extraCapabilities={ALL}|/extraCapabilities/0"
+  "cni|--set pluginLogLevel=verbose|/pluginLogLevel"
+  "cni|--set istioOwnedCNIConfigFileName=istio.conf|/istioOwnedCNIConfigFileName"
+  "cni|--set updateStrategy.type=Recreate|/updateStrategy/type"
+  "ztunnel|--set discovery.source=xds|/discovery/source"
+  "ztunnel|--set crds.enabled=yes|/crds/enabled"
+  "ztunnel|--set workloadCertTTL=1d|/workloadCertTTL"
+  "ztunnel|--set trustDomain=spiffe://cluster.local|/trustDomain"
+  "ztunnel|--set workerThreads=0|/workerThreads"
+  "ztunnel|--set caSecretName=CA_Certs|/caSecretName"
+  "ztunnel|--set terminationGracePeriodSeconds=0|/terminationGracePeriodSeconds"
+  "ztunnel|--set env.1BAD=x|'1BAD'"
+)
+for entry in "${bad[@]}"; do
+  IFS='|' read -r chart args want <<<"$entry"
+  label="reject $chart $args"
+  # shellcheck disable=SC2086
+  if render "$chart" $args >/dev/null 2>"$work/bad.err"; then
+    fail "$label: rendered, but the schema should reject it"
+  elif grep -qF -- "$want" "$work/bad.err"; then
+    pass "$label"
+  else
+    indent <"$work/bad.err"
+    fail "$label: the error does not name $want"
+  fi
+done
+
+echo
+if [ "$failed" -gt 0 ]; then
+  echo "failed checks:"
+  printf '  %s\n' "${failures[@]}"
+fi
+echo "charts: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

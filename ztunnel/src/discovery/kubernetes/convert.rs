@@ -1,0 +1,341 @@
+//! Kubernetes Pods and Services -> our [`Workload`]s and [`Service`]s.
+//!
+//! Mirrors what istiod sends ztunnel for Kubernetes objects (its `ambient` index), so a
+//! cluster without istiod sees the same state: the same uids, hostnames, VIP forms and
+//! per-workload service port maps. Everything here is a pure function of the objects,
+//! which keeps it unit-testable and lets a rebuild be compared with the previous one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Pod, Service as KubeService, ServicePort};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use shared_types::constants::{REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
+use tracing::debug;
+
+use super::policy::ConvertedPolicy;
+use super::Options;
+use crate::state::service::NetworkAddress;
+use crate::state::workload::NetworkMode;
+use crate::state::{HealthStatus, Protocol, Service, Workload};
+
+/// Istio's pod workload uid: `<cluster>//Pod/<namespace>/<name>` (the same shape
+/// `Workload::effective_uid` gives uid-less local workloads).
+pub fn pod_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
+    format!("{cluster_id}//Pod/{namespace}/{name}")
+}
+
+/// `<name>.<namespace>.svc.<cluster domain>`.
+pub fn service_hostname(name: &str, namespace: &str, cluster_domain: &str) -> String {
+    format!("{name}.{namespace}.svc.{cluster_domain}")
+}
+
+/// A Service as far as endpoints go: its key and selector, and each port's target
+/// (a number, or a container port name resolved per pod).
+#[derive(Debug, Clone)]
+pub struct ServiceInfo {
+    pub service: Service,
+    pub selector: BTreeMap<String, String>,
+    pub targets: Vec<(u16, Target)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Port(u16),
+    Named(String),
+}
+
+/// Converts a Service; `None` for objects with nothing to route (ExternalName, no name).
+pub fn service(svc: &KubeService, opts: &Options) -> Option<ServiceInfo> {
+    let name = svc.metadata.name.as_deref().filter(|n| !n.is_empty())?;
+    let namespace = svc.metadata.namespace.as_deref().filter(|n| !n.is_empty())?;
+    let spec = svc.spec.as_ref()?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        debug!(service = %format!("{namespace}/{name}"), "skipping ExternalName service");
+        return None;
+    }
+    let mut targets = Vec::new();
+    let mut ports = HashMap::new();
+    for p in spec.ports.iter().flatten() {
+        let Some((port, target)) = service_port(p) else {
+            continue;
+        };
+        // Istio's form: a named target port is 0 on the service (resolved per workload).
+        ports.insert(
+            port,
+            match &target {
+                Target::Port(t) => *t,
+                Target::Named(_) => 0,
+            },
+        );
+        targets.push((port, target));
+    }
+    Some(ServiceInfo {
+        service: Service {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            hostname: service_hostname(name, namespace, &opts.cluster_domain),
+            vips: service_vips(svc),
+            ports,
+            ..Default::default()
+        },
+        selector: spec.selector.clone().unwrap_or_default(),
+        targets,
+    })
+}
+
+/// (service port, target). An unset target port means the service port (Kubernetes'
+/// defaulting); invalid numbers are skipped.
+fn service_port(p: &ServicePort) -> Option<(u16, Target)> {
+    let port = u16::try_from(p.port).ok().filter(|p| *p != 0)?;
+    let target = match &p.target_port {
+        None => Target::Port(port),
+        Some(IntOrString::Int(0)) => Target::Port(port),
+        Some(IntOrString::Int(n)) => Target::Port(u16::try_from(*n).ok()?),
+        Some(IntOrString::String(s)) => match s.parse::<u16>() {
+            Ok(n) if n != 0 => Target::Port(n),
+            _ if s.is_empty() => Target::Port(port),
+            _ => Target::Named(s.clone()),
+        },
+    };
+    Some((port, target))
+}
+
+/// ClusterIPs (not `None`), plus load-balancer ingress IPs, in the default network.
+fn service_vips(svc: &KubeService) -> Vec<NetworkAddress> {
+    let spec = svc.spec.as_ref();
+    let mut ips: Vec<&str> = spec
+        .and_then(|s| s.cluster_ips.as_ref())
+        .filter(|ips| !ips.is_empty())
+        .map(|ips| ips.iter().map(String::as_str).collect())
+        .or_else(|| spec.and_then(|s| s.cluster_ip.as_deref()).map(|ip| vec![ip]))
+        .unwrap_or_default();
+    if spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer") {
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        ips.extend(ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()));
+    }
+    let mut out: Vec<NetworkAddress> = ips
+        .into_iter()
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        .map(|address| NetworkAddress {
+            network: String::new(),
+            address,
+        })
+        .collect();
+    out.dedup();
+    out
+}
+
+/// Converts a pod into a workload; `None` when it is not one: finished (only Running
+/// and Pending pods count, as in istiod), no IP yet, or no name. `services` needs only
+/// hold the pod's namespace (others are ignored).
+pub fn pod(
+    pod: &Pod,
+    services: &[&ServiceInfo],
+    policies: &[ConvertedPolicy],
+    opts: &Options,
+) -> Option<Workload> {
+    let name = pod.metadata.name.as_deref().filter(|n| !n.is_empty())?;
+    let namespace = pod.metadata.namespace.as_deref().filter(|n| !n.is_empty())?;
+    let status = pod.status.as_ref()?;
+    if !matches!(status.phase.as_deref(), Some("Running" | "Pending")) {
+        return None;
+    }
+    let ips = pod_ips(pod);
+    if ips.is_empty() {
+        return None;
+    }
+    let spec = pod.spec.as_ref();
+    let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let annotations = pod.metadata.annotations.as_ref();
+    let redirected = annotations
+        .and_then(|a| a.get(REDIRECTION_ANNOTATION))
+        .is_some_and(|v| v == REDIRECTION_ENABLED);
+    let service_account = spec
+        .and_then(|s| s.service_account_name.as_deref().or(s.service_account.as_deref()))
+        .filter(|s| !s.is_empty())
+        .unwrap_or(crate::state::workload::DEFAULT_SERVICE_ACCOUNT);
+    let (workload_name, workload_type) = workload_name_and_type(pod, name);
+    let (canonical_name, canonical_revision) = canonical(&labels, &workload_name);
+
+    let mut authorization_policies: Vec<String> = policies
+        .iter()
+        .filter(|p| p.selects(namespace, &labels))
+        .map(|p| p.authorization.key())
+        .collect();
+    authorization_policies.sort();
+    authorization_policies.dedup();
+
+    Some(Workload {
+        uid: pod_uid(&opts.cluster_id, namespace, name),
+        name: name.to_string(),
+        namespace: namespace.to_string(),
+        service_account: service_account.to_string(),
+        trust_domain: opts.trust_domain.clone(),
+        workload_ips: ips,
+        // A host-network pod shares the node's addresses: its traffic is never captured.
+        protocol: if redirected && !host_network {
+            Protocol::Hbone
+        } else {
+            Protocol::Tcp
+        },
+        node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        status: if pod_ready(pod) {
+            HealthStatus::Healthy
+        } else {
+            HealthStatus::Unhealthy
+        },
+        authorization_policies,
+        services: pod_services(pod, namespace, &labels, services),
+        network_mode: if host_network {
+            NetworkMode::HostNetwork
+        } else {
+            NetworkMode::Standard
+        },
+        workload_name,
+        workload_type: workload_type.to_string(),
+        canonical_name,
+        canonical_revision,
+        cluster_id: opts.cluster_id.clone(),
+        ..Default::default()
+    })
+}
+
+/// `status.podIPs`, else `status.podIP`; unparsable entries are skipped.
+fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let Some(status) = pod.status.as_ref() else {
+        return Vec::new();
+    };
+    let mut ips: Vec<IpAddr> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .filter_map(|p| p.ip.parse().ok())
+        .collect();
+    if ips.is_empty() {
+        ips.extend(status.pod_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()));
+    }
+    ips.dedup();
+    ips
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// `{"ns/hostname": {svcPort: targetPort}}` for every Service in the pod's namespace
+/// whose non-empty selector matches its labels. A named target port is looked up in
+/// the pod's TCP container ports; when the pod lacks it, that port is left out (istiod
+/// does the same).
+fn pod_services(
+    pod: &Pod,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    services: &[&ServiceInfo],
+) -> HashMap<String, HashMap<u16, u16>> {
+    let mut out = HashMap::new();
+    for svc in services {
+        if svc.service.namespace != namespace
+            || svc.selector.is_empty()
+            || !selects(&svc.selector, labels)
+        {
+            continue;
+        }
+        let ports = svc
+            .targets
+            .iter()
+            .filter_map(|(port, target)| match target {
+                Target::Port(t) => Some((*port, *t)),
+                Target::Named(n) => named_port(pod, n).map(|t| (*port, t)),
+            })
+            .collect();
+        out.insert(svc.service.key(), ports);
+    }
+    out
+}
+
+fn named_port(pod: &Pod, name: &str) -> Option<u16> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| {
+            p.name.as_deref() == Some(name) && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+        })
+        .and_then(|p| u16::try_from(p.container_port).ok())
+}
+
+/// Whether every `selector` label is on the object (an empty selector selects all).
+pub fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// The owning Deployment / Job / CronJob name from owner references, as istiod does:
+/// a ReplicaSet `<deploy>-<hash>` with the pod's `pod-template-hash` names a Deployment.
+fn workload_name_and_type(pod: &Pod, name: &str) -> (String, &'static str) {
+    let labels = pod.metadata.labels.as_ref();
+    let Some(owner) = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    else {
+        return (name.to_string(), "pod");
+    };
+    match owner.kind.as_str() {
+        "ReplicaSet" => {
+            let hash = labels.and_then(|l| l.get("pod-template-hash"));
+            match hash.and_then(|h| owner.name.strip_suffix(&format!("-{h}"))) {
+                Some(deploy) => (deploy.to_string(), "deployment"),
+                None => (owner.name.clone(), "pod"),
+            }
+        }
+        "Job" => {
+            // A CronJob's jobs are `<cronjob>-<schedule time>`.
+            let cron = owner
+                .name
+                .rsplit_once('-')
+                .filter(|(_, t)| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                .map(|(c, _)| c.to_string());
+            match cron {
+                Some(c) => (c, "cronjob"),
+                None => (owner.name.clone(), "job"),
+            }
+        }
+        _ => (name.to_string(), "pod"),
+    }
+}
+
+/// Istio's canonical service name and revision labels, with their usual fallbacks.
+fn canonical(labels: &BTreeMap<String, String>, workload_name: &str) -> (String, String) {
+    let first = |keys: &[&str]| keys.iter().find_map(|k| labels.get(*k).cloned());
+    let name = first(&[
+        "service.istio.io/canonical-name",
+        "app.kubernetes.io/name",
+        "app",
+    ])
+    .unwrap_or_else(|| workload_name.to_string());
+    let revision = first(&[
+        "service.istio.io/canonical-revision",
+        "app.kubernetes.io/version",
+        "version",
+    ])
+    .unwrap_or_else(|| "latest".to_string());
+    (name, revision)
+}
+
+#[cfg(test)]
+#[path = "convert_tests.rs"]
+mod tests;

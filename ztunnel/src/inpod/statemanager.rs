@@ -1,0 +1,249 @@
+//! The pods this ztunnel serves: one set of listeners per pod, created inside the
+//! pod's namespace on `add`, drained on `del`, and reconciled against the agent's
+//! snapshot after every (re)connect.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use shared_types::constants::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_CAPTURE_PORT};
+use shared_types::zds::WorkloadInfo;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::netns::{NetnsExecutor, PodNetns, PodSocketFactory};
+use crate::drain::Drain;
+use crate::identity::{Identity, SecretManager};
+use crate::metrics::Metrics;
+use crate::proxy::connections::ConnectionManager;
+use crate::proxy::{Listeners, LocalWorkload, ProxyInputs};
+use crate::state::StateStore;
+
+/// What every pod's proxies share.
+#[derive(Clone)]
+pub struct SharedInputs {
+    pub state: StateStore,
+    pub certs: SecretManager,
+    pub metrics: Arc<Metrics>,
+    pub connections: Arc<ConnectionManager>,
+    pub executor: NetnsExecutor,
+    pub root_drain: Drain,
+    pub mark: u32,
+    pub trust_domain: String,
+    pub cluster_id: String,
+    /// How long a deleted pod's connections may take to finish.
+    pub drain_deadline: Duration,
+}
+
+/// A pod as `/config_dump` shows it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSummary {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+    pub identity: String,
+    pub netns_inode: u64,
+    pub state: &'static str,
+}
+
+struct RunningPod {
+    summary: PodSummary,
+    drain: Drain,
+    listeners: Vec<JoinHandle<()>>,
+    /// Keeps the namespace alive while its proxies run.
+    _netns: Arc<PodNetns>,
+}
+
+/// Pods currently served, shared with `/config_dump` and shutdown.
+#[derive(Clone, Default)]
+pub struct PodRegistry {
+    pods: Arc<Mutex<BTreeMap<String, (PodSummary, Drain)>>>,
+}
+
+impl PodRegistry {
+    pub fn summaries(&self) -> Vec<PodSummary> {
+        lock(&self.pods).values().map(|(s, _)| s.clone()).collect()
+    }
+
+    /// Drains every pod (shutdown): stop accepting, wait up to `deadline`.
+    pub async fn drain_all(&self, deadline: Duration) {
+        let drains: Vec<Drain> = lock(&self.pods).values().map(|(_, d)| d.clone()).collect();
+        futures::future::join_all(drains.iter().map(|d| d.drain(deadline))).await;
+    }
+}
+
+pub struct PodProxies {
+    inputs: SharedInputs,
+    pods: BTreeMap<String, RunningPod>,
+    registry: PodRegistry,
+    /// Pods the agent replayed since the current connection began; `None` once
+    /// that connection's snapshot is complete.
+    replayed: Option<HashSet<String>>,
+}
+
+impl PodProxies {
+    pub fn new(inputs: SharedInputs, registry: PodRegistry) -> Self {
+        PodProxies {
+            inputs,
+            pods: BTreeMap::new(),
+            registry,
+            replayed: None,
+        }
+    }
+
+    /// A new agent connection: its replay starts now.
+    pub fn connection_started(&mut self) {
+        self.replayed = Some(HashSet::new());
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    pub async fn add(&mut self, uid: String, info: WorkloadInfo, netns: PodNetns) -> Result<(), String> {
+        self.note_replayed(&uid);
+        if let Some(running) = self.pods.get(&uid) {
+            if running.summary.netns_inode == netns.inode {
+                return Ok(()); // replayed or repeated: already serving it
+            }
+            info!(%uid, "pod's network namespace changed; restarting its proxies");
+            self.stop(&uid).await;
+        }
+        if info.namespace.is_empty() || info.service_account.is_empty() {
+            return Err(format!("add for {uid}: workload info needs a namespace and a service account"));
+        }
+        let started = Instant::now();
+        let identity = Identity::new(&self.inputs.trust_domain, &info.namespace, &info.service_account);
+        // Fail the add (so the agent retries and the pod does not start) rather
+        // than serve a pod we cannot give an identity.
+        self.inputs
+            .certs
+            .fetch(&identity)
+            .map_err(|e| format!("minting the certificate for {identity}: {e}"))?;
+        let netns = Arc::new(netns);
+        let factory = PodSocketFactory {
+            netns: netns.clone(),
+            executor: self.inputs.executor.clone(),
+            mark: self.inputs.mark,
+        };
+        let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
+        let listeners = Listeners {
+            outbound: factory
+                .listen(SocketAddr::from(([127, 0, 0, 1], OUTBOUND_CAPTURE_PORT)), false)
+                .await
+                .map_err(|e| format!("listening on {OUTBOUND_CAPTURE_PORT} in the pod: {e}"))?,
+            inbound: factory
+                .listen(any(HBONE_PORT), true)
+                .await
+                .map_err(|e| format!("listening on {HBONE_PORT} in the pod: {e}"))?,
+            inbound_plaintext: factory
+                .listen(any(INBOUND_PLAINTEXT_PORT), true)
+                .await
+                .map_err(|e| format!("listening on {INBOUND_PLAINTEXT_PORT} in the pod: {e}"))?,
+        };
+        let drain = self.inputs.root_drain.child();
+        let local = LocalWorkload {
+            namespace: info.namespace.clone(),
+            name: info.name.clone(),
+            identity: identity.clone(),
+        };
+        let handles = listeners.spawn(ProxyInputs {
+            state: self.inputs.state.clone(),
+            certs: self.inputs.certs.clone(),
+            metrics: self.inputs.metrics.clone(),
+            connections: self.inputs.connections.clone(),
+            sockets: Arc::new(factory),
+            local,
+            drain: drain.clone(),
+            transparent_inbound: true,
+            cluster_id: self.inputs.cluster_id.clone(),
+        });
+        let summary = PodSummary {
+            uid: uid.clone(),
+            name: info.name,
+            namespace: info.namespace,
+            service_account: info.service_account,
+            identity: identity.to_uri(),
+            netns_inode: netns.inode,
+            state: "Up",
+        };
+        lock(&self.registry.pods).insert(uid.clone(), (summary.clone(), drain.clone()));
+        self.pods.insert(
+            uid.clone(),
+            RunningPod {
+                summary,
+                drain,
+                listeners: handles,
+                _netns: netns,
+            },
+        );
+        info!(%uid, %identity, took = ?started.elapsed(), "serving pod");
+        Ok(())
+    }
+
+    pub fn keep(&mut self, uid: &str) -> Result<(), String> {
+        self.note_replayed(uid);
+        if !self.pods.contains_key(uid) {
+            // Nothing to keep (e.g. ztunnel restarted): the agent sends an add
+            // with the netns once it can open it again.
+            warn!(%uid, "keep for a pod this ztunnel does not serve");
+        }
+        Ok(())
+    }
+
+    pub async fn del(&mut self, uid: &str) -> Result<(), String> {
+        if let Some(replayed) = &mut self.replayed {
+            replayed.remove(uid);
+        }
+        if self.pods.contains_key(uid) {
+            self.stop(uid).await;
+            info!(%uid, "stopped serving pod");
+        }
+        Ok(())
+    }
+
+    /// Ends the replay: pods the agent did not replay are no longer ours.
+    pub async fn snapshot_sent(&mut self) -> Result<(), String> {
+        let replayed = self
+            .replayed
+            .take()
+            .ok_or_else(|| "snapshot_sent received twice on one connection".to_owned())?;
+        let stale: Vec<String> = self.pods.keys().filter(|uid| !replayed.contains(*uid)).cloned().collect();
+        for uid in stale {
+            info!(%uid, "pod not in the agent's snapshot; stopping it");
+            self.stop(&uid).await;
+        }
+        Ok(())
+    }
+
+    fn note_replayed(&mut self, uid: &str) {
+        if let Some(replayed) = &mut self.replayed {
+            replayed.insert(uid.to_owned());
+        }
+    }
+
+    /// Closes the pod's listeners now (so nothing is left bound in its namespace)
+    /// and lets its connections drain up to the deadline in the background.
+    async fn stop(&mut self, uid: &str) {
+        let Some(pod) = self.pods.remove(uid) else { return };
+        lock(&self.registry.pods).remove(uid);
+        pod.drain.stop_accepting();
+        for handle in pod.listeners {
+            let _ = handle.await;
+        }
+        let deadline = self.inputs.drain_deadline;
+        tokio::spawn(async move { pod.drain.drain(deadline).await });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
