@@ -11,4 +11,5 @@ pub mod health;
 pub mod http_server;
 pub mod install;
 pub mod readiness;
+pub mod redirect;
 pub mod uds;

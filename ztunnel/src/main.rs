@@ -84,6 +84,11 @@ impl CaptureArgs {
     }
 }
 
+/// mimalloc keeps freed memory for reuse: the data plane allocates and frees frame
+/// buffers at a high rate, which glibc's allocator turns into page faults.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {

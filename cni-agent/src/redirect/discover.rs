@@ -7,10 +7,9 @@
 //! where "pods" are plain namespaces), a netns is matched on the pod IP alone, and
 //! only if exactly one netns carries it; two would be ambiguous and we refuse.
 
-use super::netns::{NetnsError, NetnsHandle};
+use super::netns::{netns_inode, NetnsError, NetnsHandle};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Default proc root; the chart mounts the host's `/proc` at `/host/proc`.
@@ -69,33 +68,75 @@ pub struct ProcScan {
 
 impl ProcScan {
     /// Reads `<proc_root>/*/ns/net` and `cgroup`. Processes that exit meanwhile or
-    /// cannot be read are skipped; only an unreadable host netns is an error.
+    /// cannot be read are skipped. The host netns is pid 1's; when pid 1 refuses
+    /// access (a sandbox without `CAP_SYS_PTRACE`), it is the calling thread's, so call
+    /// this from a thread in the host netns (the agent runs with hostNetwork).
     pub fn new(proc_root: impl AsRef<Path>) -> Result<Self, DiscoverError> {
         let proc_root = proc_root.as_ref().to_path_buf();
         let host_path = proc_root.join("1/ns/net");
-        let host_inode = std::fs::metadata(&host_path)
-            .map_err(|source| DiscoverError::Read { path: host_path, source })?
-            .ino();
-        let entries = std::fs::read_dir(&proc_root)
-            .map_err(|source| DiscoverError::Read { path: proc_root.clone(), source })?;
+        let host_inode = match netns_inode(&host_path) {
+            Ok(inode) => inode,
+            Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+                tracing::warn!(path = %host_path.display(), "pid 1 netns unreadable; using our own as the host netns");
+                let own = Path::new("/proc/thread-self/ns/net");
+                netns_inode(own).map_err(|source| DiscoverError::Read {
+                    path: own.to_path_buf(),
+                    source,
+                })?
+            }
+            Err(source) => {
+                return Err(DiscoverError::Read {
+                    path: host_path,
+                    source,
+                })
+            }
+        };
+        Self::with_host(proc_root, host_inode)
+    }
+
+    /// Like [`new`](Self::new) with the host netns given by its inode.
+    pub fn with_host(proc_root: impl AsRef<Path>, host_inode: u64) -> Result<Self, DiscoverError> {
+        let proc_root = proc_root.as_ref().to_path_buf();
+        let entries = std::fs::read_dir(&proc_root).map_err(|source| DiscoverError::Read {
+            path: proc_root.clone(),
+            source,
+        })?;
         let mut processes = Vec::new();
         for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
                 continue;
             };
             let dir = entry.path();
-            let Ok(meta) = std::fs::metadata(dir.join("ns/net")) else { continue };
+            let Ok(inode) = netns_inode(&dir.join("ns/net")) else {
+                continue;
+            };
             let cgroup = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
-            let host = meta.ino() == host_inode;
-            processes.push(Process { pid, inode: meta.ino(), cgroup, host });
+            let host = inode == host_inode;
+            processes.push(Process {
+                pid,
+                inode,
+                cgroup,
+                host,
+            });
         }
         processes.sort_by_key(|p| p.pid);
-        Ok(ProcScan { proc_root, processes })
+        Ok(ProcScan {
+            proc_root,
+            processes,
+        })
     }
 
     /// Finds the netns of pod `uid` with addresses `ips` (see the module docs).
     pub fn find(&self, uid: &str, ips: &[IpAddr]) -> Result<Option<FoundNetns>, DiscoverError> {
-        let named: Vec<&Process> = self.processes.iter().filter(|p| cgroup_names_pod(&p.cgroup, uid)).collect();
+        let named: Vec<&Process> = self
+            .processes
+            .iter()
+            .filter(|p| cgroup_names_pod(&p.cgroup, uid))
+            .collect();
         if !named.is_empty() {
             let mut seen = BTreeSet::new();
             for p in named {
@@ -104,7 +145,11 @@ impl ProcScan {
                 }
                 let Some(netns) = self.open(p) else { continue };
                 if ips.is_empty() || has_any_ip(&netns, ips)? {
-                    return Ok(Some(FoundNetns { netns, pid: p.pid, matched_by: MatchedBy::Cgroup }));
+                    return Ok(Some(FoundNetns {
+                        netns,
+                        pid: p.pid,
+                        matched_by: MatchedBy::Cgroup,
+                    }));
                 }
             }
             return Ok(None);
@@ -120,24 +165,36 @@ impl ProcScan {
             }
             let Some(netns) = self.open(p) else { continue };
             if has_any_ip(&netns, ips)? {
-                found.push(FoundNetns { netns, pid: p.pid, matched_by: MatchedBy::IpOnly });
+                found.push(FoundNetns {
+                    netns,
+                    pid: p.pid,
+                    matched_by: MatchedBy::IpOnly,
+                });
             }
         }
         match found.len() {
             0 | 1 => Ok(found.pop()),
-            count => Err(DiscoverError::Ambiguous { ips: ips.to_vec(), count }),
+            count => Err(DiscoverError::Ambiguous {
+                ips: ips.to_vec(),
+                count,
+            }),
         }
     }
 
     /// Opens a process's netns, or `None` if it exited or its pid was reused.
     fn open(&self, p: &Process) -> Option<NetnsHandle> {
-        let netns = NetnsHandle::open(self.proc_root.join(p.pid.to_string()).join("ns/net")).ok()?;
+        let netns =
+            NetnsHandle::open(self.proc_root.join(p.pid.to_string()).join("ns/net")).ok()?;
         (netns.inode() == p.inode).then_some(netns)
     }
 }
 
 /// Scans `proc_root` and finds one pod (see [`ProcScan`] for many pods).
-pub fn find_pod_netns(proc_root: impl AsRef<Path>, uid: &str, ips: &[IpAddr]) -> Result<Option<FoundNetns>, DiscoverError> {
+pub fn find_pod_netns(
+    proc_root: impl AsRef<Path>,
+    uid: &str,
+    ips: &[IpAddr],
+) -> Result<Option<FoundNetns>, DiscoverError> {
     ProcScan::new(proc_root)?.find(uid, ips)
 }
 
@@ -150,16 +207,18 @@ pub fn cgroup_names_pod(cgroup: &str, uid: &str) -> bool {
     }
     let cgroupfs = format!("pod{uid}");
     let systemd = format!("pod{}.slice", uid.replace('-', "_"));
-    cgroup.lines().any(|line| {
-        line.contains(&systemd)
-            || line.split('/').any(|part| part == cgroupfs)
-    })
+    cgroup
+        .lines()
+        .any(|line| line.contains(&systemd) || line.split('/').any(|part| part == cgroupfs))
 }
 
 /// Enters `netns` and reports whether any interface has one of `ips`.
 fn has_any_ip(netns: &NetnsHandle, ips: &[IpAddr]) -> Result<bool, DiscoverError> {
     let addrs = netns.run(interface_addresses)?;
-    let addrs = addrs.map_err(|source| DiscoverError::Read { path: netns.path().to_path_buf(), source })?;
+    let addrs = addrs.map_err(|source| DiscoverError::Read {
+        path: netns.path().to_path_buf(),
+        source,
+    })?;
     Ok(addrs.iter().any(|a| ips.contains(a)))
 }
 
@@ -187,7 +246,8 @@ mod tests {
     #[test]
     fn matches_systemd_and_cgroupfs_layouts() {
         let systemd = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod6f1b2c3d_4e5f_4a6b_8c7d_9e0f1a2b3c4d.slice/cri-containerd-abc.scope\n";
-        let cgroupfs = "12:memory:/kubepods/burstable/pod6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d/0123abcd\n";
+        let cgroupfs =
+            "12:memory:/kubepods/burstable/pod6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d/0123abcd\n";
         let besteffort = "0::/kubepods/pod6f1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d/x\n";
         assert!(cgroup_names_pod(systemd, UID));
         assert!(cgroup_names_pod(cgroupfs, UID));
@@ -205,6 +265,9 @@ mod tests {
 
     #[test]
     fn missing_proc_root_is_an_error() {
-        assert!(matches!(ProcScan::new("/nonexistent-proc"), Err(DiscoverError::Read { .. })));
+        assert!(matches!(
+            ProcScan::new("/nonexistent-proc"),
+            Err(DiscoverError::Read { .. })
+        ));
     }
 }

@@ -28,7 +28,11 @@ pub enum IptablesError {
         source: std::io::Error,
     },
     #[error("{cmd} failed ({status}): {stderr}")]
-    Failed { cmd: String, status: String, stderr: String },
+    Failed {
+        cmd: String,
+        status: String,
+        stderr: String,
+    },
     #[error("parsing {cmd} output: {source}")]
     Parse {
         cmd: String,
@@ -36,7 +40,10 @@ pub enum IptablesError {
         source: SaveParseError,
     },
     #[error("{family} rules still differ after restore: {result:?}")]
-    NotConverged { family: IpFamily, result: CheckResult },
+    NotConverged {
+        family: IpFamily,
+        result: CheckResult,
+    },
     #[error("unknown iptables backend {0:?} (want \"nft\" or \"legacy\")")]
     UnknownBackend(String),
 }
@@ -135,10 +142,17 @@ fn family_prefix(family: IpFamily) -> &'static str {
 /// Runs `program args` with `stdin`, returning stdout.
 fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, IptablesError> {
     let cmd = format!("{program} {}", args.join(" "));
-    let spawn_err = |source| IptablesError::Spawn { cmd: cmd.clone(), source };
+    let spawn_err = |source| IptablesError::Spawn {
+        cmd: cmd.clone(),
+        source,
+    };
     let mut child = Command::new(program)
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -162,7 +176,10 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Ipta
 pub fn save(backend: Backend, family: IpFamily) -> Result<SavedTables, IptablesError> {
     let program = backend.save_binary(family);
     let text = run(&program, &[], None)?;
-    SavedTables::parse(&text).map_err(|source| IptablesError::Parse { cmd: program, source })
+    SavedTables::parse(&text).map_err(|source| IptablesError::Parse {
+        cmd: program,
+        source,
+    })
 }
 
 /// Feeds `input` to `*-restore --noflush` in one transaction (nft: one netlink
@@ -200,7 +217,10 @@ pub fn apply(backend: Backend, set: &RuleSet) -> Result<bool, IptablesError> {
     };
     let result = check(backend, set)?;
     if !result.is_ok() {
-        return Err(IptablesError::NotConverged { family: set.family, result });
+        return Err(IptablesError::NotConverged {
+            family: set.family,
+            result,
+        });
     }
     Ok(changed)
 }
@@ -221,8 +241,14 @@ mod tests {
 
     #[test]
     fn binaries_never_mix_backends() {
-        assert_eq!(Backend::Nft.restore_binary(IpFamily::V6), "ip6tables-nft-restore");
-        assert_eq!(Backend::Legacy.save_binary(IpFamily::V4), "iptables-legacy-save");
+        assert_eq!(
+            Backend::Nft.restore_binary(IpFamily::V6),
+            "ip6tables-nft-restore"
+        );
+        assert_eq!(
+            Backend::Legacy.save_binary(IpFamily::V4),
+            "iptables-legacy-save"
+        );
     }
 
     #[test]

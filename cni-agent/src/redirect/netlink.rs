@@ -4,7 +4,8 @@
 //!
 //! The netlink socket is created on the calling thread, so it lives in whatever netns
 //! that thread has entered; each call runs its own single-threaded tokio runtime so it
-//! never depends on (or moves) the caller's runtime.
+//! never depends on (or moves) the caller's runtime. Call it from a plain thread (a
+//! netns job), not from async code.
 
 use super::rules::IpFamily;
 use futures::TryStreamExt as _;
@@ -28,6 +29,8 @@ pub enum NetlinkError {
     },
     #[error("no loopback interface in this netns: {0}")]
     NoLoopback(nix::Error),
+    #[error("called from async code; run it inside a netns job (NetnsHandle::run)")]
+    InsideRuntime,
 }
 
 /// The fwmark rule and local route, as values (defaults are Istio's).
@@ -65,10 +68,16 @@ impl PolicyRouting {
             for &family in families {
                 // Route first: the rule must never point at an empty table.
                 let route = handle.route().add(self.route_message(family, lo)).execute();
-                tolerate(errno::EEXIST, route.await)
-                    .map_err(|source| NetlinkError::Request { op: "adding local route", source })?;
-                tolerate(errno::EEXIST, self.add_rule(&handle, family).await)
-                    .map_err(|source| NetlinkError::Request { op: "adding fwmark rule", source })?;
+                tolerate(errno::EEXIST, route.await).map_err(|source| NetlinkError::Request {
+                    op: "adding local route",
+                    source,
+                })?;
+                tolerate(errno::EEXIST, self.add_rule(&handle, family).await).map_err(
+                    |source| NetlinkError::Request {
+                        op: "adding fwmark rule",
+                        source,
+                    },
+                )?;
             }
             Ok(())
         })
@@ -80,12 +89,20 @@ impl PolicyRouting {
             for &family in families {
                 // Rule first, so marked packets never look up an emptied table.
                 for rule in self.find_rules(&handle, family).await? {
-                    tolerate(errno::ENOENT, handle.rule().del(rule).execute().await)
-                        .map_err(|source| NetlinkError::Request { op: "deleting fwmark rule", source })?;
+                    tolerate(errno::ENOENT, handle.rule().del(rule).execute().await).map_err(
+                        |source| NetlinkError::Request {
+                            op: "deleting fwmark rule",
+                            source,
+                        },
+                    )?;
                 }
                 for route in self.find_routes(&handle, family).await? {
-                    tolerate(errno::ESRCH, handle.route().del(route).execute().await)
-                        .map_err(|source| NetlinkError::Request { op: "deleting local route", source })?;
+                    tolerate(errno::ESRCH, handle.route().del(route).execute().await).map_err(
+                        |source| NetlinkError::Request {
+                            op: "deleting local route",
+                            source,
+                        },
+                    )?;
                 }
             }
             Ok(())
@@ -106,7 +123,13 @@ impl PolicyRouting {
     where
         Fut: std::future::Future<Output = Result<T, NetlinkError>> + 'a,
     {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        // block_on inside a runtime would panic; netns jobs run on plain threads.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(NetlinkError::InsideRuntime);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
         rt.block_on(async {
             // Created here, on this thread, so the socket lives in this thread's netns.
             let (conn, handle, _) = rtnetlink::new_connection()?;
@@ -163,32 +186,71 @@ impl PolicyRouting {
     }
 
     /// Our rules: this fwmark/mask, priority and table.
-    async fn find_rules(&self, handle: &Handle, family: IpFamily) -> Result<Vec<RuleMessage>, NetlinkError> {
+    async fn find_rules(
+        &self,
+        handle: &Handle,
+        family: IpFamily,
+    ) -> Result<Vec<RuleMessage>, NetlinkError> {
         let rules: Vec<RuleMessage> = handle
             .rule()
             .get(ip_version(family))
             .execute()
             .try_collect()
             .await
-            .map_err(|source| NetlinkError::Request { op: "listing rules", source })?;
+            .map_err(|source| NetlinkError::Request {
+                op: "listing rules",
+                source,
+            })?;
         Ok(rules.into_iter().filter(|r| self.is_our_rule(r)).collect())
     }
 
     fn is_our_rule(&self, rule: &RuleMessage) -> bool {
         let attr = |want: fn(&RuleAttribute) -> Option<u32>| rule.attributes.iter().find_map(want);
-        let table = attr(|a| if let RuleAttribute::Table(t) = a { Some(*t) } else { None })
-            .unwrap_or(u32::from(rule.header.table));
-        attr(|a| if let RuleAttribute::FwMark(m) = a { Some(*m) } else { None }) == Some(self.fwmark)
-            && attr(|a| if let RuleAttribute::FwMask(m) = a { Some(*m) } else { None }) == Some(self.mask)
-            && attr(|a| if let RuleAttribute::Priority(p) = a { Some(*p) } else { None }) == Some(self.priority)
+        let table = attr(|a| {
+            if let RuleAttribute::Table(t) = a {
+                Some(*t)
+            } else {
+                None
+            }
+        })
+        .unwrap_or(u32::from(rule.header.table));
+        attr(|a| {
+            if let RuleAttribute::FwMark(m) = a {
+                Some(*m)
+            } else {
+                None
+            }
+        }) == Some(self.fwmark)
+            && attr(|a| {
+                if let RuleAttribute::FwMask(m) = a {
+                    Some(*m)
+                } else {
+                    None
+                }
+            }) == Some(self.mask)
+            && attr(|a| {
+                if let RuleAttribute::Priority(p) = a {
+                    Some(*p)
+                } else {
+                    None
+                }
+            }) == Some(self.priority)
             && table == self.table
     }
 
     /// Our routes: `local <any>/0` in our table.
-    async fn find_routes(&self, handle: &Handle, family: IpFamily) -> Result<Vec<RouteMessage>, NetlinkError> {
+    async fn find_routes(
+        &self,
+        handle: &Handle,
+        family: IpFamily,
+    ) -> Result<Vec<RouteMessage>, NetlinkError> {
         let query = match family {
-            IpFamily::V4 => RouteMessageBuilder::<Ipv4Addr>::new().table_id(self.table).build(),
-            IpFamily::V6 => RouteMessageBuilder::<Ipv6Addr>::new().table_id(self.table).build(),
+            IpFamily::V4 => RouteMessageBuilder::<Ipv4Addr>::new()
+                .table_id(self.table)
+                .build(),
+            IpFamily::V6 => RouteMessageBuilder::<Ipv6Addr>::new()
+                .table_id(self.table)
+                .build(),
         };
         let routes: Vec<RouteMessage> = handle
             .route()
@@ -196,15 +258,27 @@ impl PolicyRouting {
             .execute()
             .try_collect()
             .await
-            .map_err(|source| NetlinkError::Request { op: "listing routes", source })?;
-        Ok(routes.into_iter().filter(|r| self.is_our_route(r)).collect())
+            .map_err(|source| NetlinkError::Request {
+                op: "listing routes",
+                source,
+            })?;
+        Ok(routes
+            .into_iter()
+            .filter(|r| self.is_our_route(r))
+            .collect())
     }
 
     fn is_our_route(&self, route: &RouteMessage) -> bool {
         let table = route
             .attributes
             .iter()
-            .find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None })
+            .find_map(|a| {
+                if let RouteAttribute::Table(t) = a {
+                    Some(*t)
+                } else {
+                    None
+                }
+            })
             .unwrap_or(u32::from(route.header.table));
         let default_dst = route.attributes.iter().all(|a| match a {
             RouteAttribute::Destination(RouteAddress::Inet(ip)) => ip.is_unspecified(),
@@ -242,5 +316,16 @@ fn tolerate(errno: i32, result: Result<(), rtnetlink::Error>) -> Result<(), rtne
     match result {
         Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == errno => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn refuses_to_run_on_a_runtime_thread() {
+        let err = PolicyRouting::default().state(IpFamily::V4).unwrap_err();
+        assert!(matches!(err, NetlinkError::InsideRuntime), "{err}");
     }
 }

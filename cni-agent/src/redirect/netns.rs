@@ -56,7 +56,10 @@ impl NetnsHandle {
     /// Opens a netns file: a bind mount (`/var/run/netns/x`) or `/proc/<pid>/ns/net`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, NetnsError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| NetnsError::Open { path: path.clone(), source })?;
+        let file = File::open(&path).map_err(|source| NetnsError::Open {
+            path: path.clone(),
+            source,
+        })?;
         Self::from_file(file, path)
     }
 
@@ -78,7 +81,10 @@ impl NetnsHandle {
         }
         let inode = file
             .metadata()
-            .map_err(|source| NetnsError::Open { path: path.clone(), source })?
+            .map_err(|source| NetnsError::Open {
+                path: path.clone(),
+                source,
+            })?
             .ino();
         Ok(NetnsHandle { file, path, inode })
     }
@@ -106,7 +112,11 @@ impl NetnsHandle {
             path: self.path.clone(),
             source,
         })?;
-        Ok(NetnsHandle { file, path: self.path.clone(), inode: self.inode })
+        Ok(NetnsHandle {
+            file,
+            path: self.path.clone(),
+            inode: self.inode,
+        })
     }
 
     /// Runs `f` on a fresh OS thread inside this netns and waits for it. Sockets and
@@ -116,10 +126,13 @@ impl NetnsHandle {
             let handle = std::thread::Builder::new()
                 .name("netns-job".to_owned())
                 .spawn_scoped(scope, || self.enter_then(f))
-                .map_err(|source| NetnsError::Thread { path: self.path.clone(), source })?;
-            handle
-                .join()
-                .map_err(|_| NetnsError::Panicked { path: self.path.clone() })?
+                .map_err(|source| NetnsError::Thread {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            handle.join().map_err(|_| NetnsError::Panicked {
+                path: self.path.clone(),
+            })?
         })
     }
 
@@ -137,25 +150,53 @@ impl NetnsHandle {
             .spawn(move || {
                 let _ = tx.send(ns.enter_then(f));
             })
-            .map_err(|source| NetnsError::Thread { path: self.path.clone(), source })?;
+            .map_err(|source| NetnsError::Thread {
+                path: self.path.clone(),
+                source,
+            })?;
         // A dropped sender means the job panicked.
-        rx.await.map_err(|_| NetnsError::Panicked { path: self.path.clone() })?
+        rx.await.map_err(|_| NetnsError::Panicked {
+            path: self.path.clone(),
+        })?
     }
 
     /// Enters this netns on the calling thread, then runs `f`. Only ever called on a
     /// thread created for this one job.
     fn enter_then<R>(&self, f: impl FnOnce() -> R) -> Result<R, NetnsError> {
-        nix::sched::setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
-            path: self.path.clone(),
-            source,
+        nix::sched::setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(|source| {
+            NetnsError::Enter {
+                path: self.path.clone(),
+                source,
+            }
         })?;
         Ok(f())
     }
 }
 
-/// The inode of the netns at `path` without keeping it open.
+/// The inode of the netns at `path` without keeping it open. `stat` on another
+/// process's `ns/net` needs ptrace rights over it (a more privileged pid 1 refuses
+/// it); its link text `net:[<inode>]` is readable regardless, so that is the fallback.
 pub fn netns_inode(path: &Path) -> std::io::Result<u64> {
-    Ok(std::fs::metadata(path)?.ino())
+    let err = match std::fs::metadata(path) {
+        Ok(meta) => return Ok(meta.ino()),
+        Err(err) => err,
+    };
+    let mut link = path.to_path_buf();
+    // Follow a few levels of ordinary symlinks until the magic `net:[...]` link.
+    for _ in 0..8 {
+        let Ok(target) = std::fs::read_link(&link) else {
+            break;
+        };
+        let text = target.to_string_lossy();
+        if let Some(inode) = text.strip_prefix("net:[").and_then(|t| t.strip_suffix(']')) {
+            return inode.parse().map_err(|_| err);
+        }
+        link = match link.parent() {
+            Some(parent) if target.is_relative() => parent.join(&target),
+            _ => target,
+        };
+    }
+    Err(err)
 }
 
 #[cfg(test)]
@@ -167,7 +208,10 @@ mod tests {
         let file = tempfile::tempfile().unwrap();
         let err = NetnsHandle::from_file(file, "/tmp/x".into()).unwrap_err();
         assert!(matches!(err, NetnsError::NotNamespace { .. }), "{err}");
-        assert!(matches!(NetnsHandle::open("/nonexistent/ns"), Err(NetnsError::Open { .. })));
+        assert!(matches!(
+            NetnsHandle::open("/nonexistent/ns"),
+            Err(NetnsError::Open { .. })
+        ));
     }
 
     #[test]
@@ -177,8 +221,13 @@ mod tests {
             return;
         }
         let ns = NetnsHandle::current().unwrap();
-        assert_eq!(ns.inode(), netns_inode(Path::new("/proc/self/ns/net")).unwrap());
-        let inode = ns.run(|| netns_inode(Path::new("/proc/thread-self/ns/net")).unwrap()).unwrap();
+        assert_eq!(
+            ns.inode(),
+            netns_inode(Path::new("/proc/self/ns/net")).unwrap()
+        );
+        let inode = ns
+            .run(|| netns_inode(Path::new("/proc/thread-self/ns/net")).unwrap())
+            .unwrap();
         assert_eq!(inode, ns.inode());
         let err = ns.run(|| panic!("boom")).map(|_: ()| ()).unwrap_err();
         assert!(matches!(err, NetnsError::Panicked { .. }));
@@ -193,6 +242,9 @@ mod tests {
         let before = netns_inode(Path::new("/proc/thread-self/ns/net")).unwrap();
         let got = ns.run_async(|| 7).await.unwrap();
         assert_eq!(got, 7);
-        assert_eq!(netns_inode(Path::new("/proc/thread-self/ns/net")).unwrap(), before);
+        assert_eq!(
+            netns_inode(Path::new("/proc/thread-self/ns/net")).unwrap(),
+            before
+        );
     }
 }

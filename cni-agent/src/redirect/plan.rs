@@ -37,22 +37,21 @@ impl CheckResult {
         if results.iter().all(|r| *r == CheckResult::Missing) {
             return CheckResult::Missing;
         }
-        let mut partial = Vec::new();
-        let mut foreign = Vec::new();
+        let (mut partial, mut foreign) = (None::<Vec<String>>, None::<Vec<String>>);
         for r in results {
             match r {
                 CheckResult::Ok => {}
-                CheckResult::Missing => partial.push("a family has no rules at all".to_owned()),
-                CheckResult::Partial(p) => partial.extend(p),
-                CheckResult::Foreign(f) => foreign.extend(f),
+                CheckResult::Missing => partial
+                    .get_or_insert_default()
+                    .push("a family has no rules at all".to_owned()),
+                CheckResult::Partial(p) => partial.get_or_insert_default().extend(p),
+                CheckResult::Foreign(f) => foreign.get_or_insert_default().extend(f),
             }
         }
-        if !partial.is_empty() {
-            CheckResult::Partial(partial)
-        } else if !foreign.is_empty() {
-            CheckResult::Foreign(foreign)
-        } else {
-            CheckResult::Ok
+        match (partial, foreign) {
+            (Some(p), _) => CheckResult::Partial(p),
+            (None, Some(f)) => CheckResult::Foreign(f),
+            (None, None) => CheckResult::Ok,
         }
     }
 }
@@ -184,6 +183,7 @@ fn transaction(set: &RuleSet, saved: &SavedTables, keep_wanted: bool) -> String 
         let saved_table = saved.table(table).unwrap_or(&empty);
         let mut decls = String::new();
         let mut deletes = String::new();
+        let mut hooks = String::new();
         let mut adds = String::new();
         let mut drops = String::new();
         for chain in set.scope_in(table) {
@@ -205,7 +205,7 @@ fn transaction(set: &RuleSet, saved: &SavedTables, keep_wanted: bool) -> String 
                         }
                     }
                     if !kept_hook {
-                        let _ = writeln!(adds, "-A {} -j {}", chain.hook, chain.name);
+                        let _ = writeln!(hooks, "-A {} -j {}", chain.hook, chain.name);
                     }
                     for rule in &wanted.rules {
                         let _ = writeln!(adds, "-A {} {rule}", chain.name);
@@ -222,10 +222,14 @@ fn transaction(set: &RuleSet, saved: &SavedTables, keep_wanted: bool) -> String 
                 }
             }
         }
-        if decls.is_empty() && deletes.is_empty() && adds.is_empty() {
+        if decls.is_empty() && deletes.is_empty() && hooks.is_empty() {
             continue;
         }
-        let _ = write!(out, "*{}\n{decls}{deletes}{adds}{drops}COMMIT\n", table.name());
+        let _ = write!(
+            out,
+            "*{}\n{decls}{deletes}{hooks}{adds}{drops}COMMIT\n",
+            table.name()
+        );
     }
     out
 }
@@ -236,7 +240,11 @@ mod tests {
     use crate::redirect::rules::{InpodRules, IpFamily};
 
     fn v4(dns: bool) -> RuleSet {
-        InpodRules { dns_capture: dns, ..Default::default() }.rule_set(IpFamily::V4)
+        InpodRules {
+            dns_capture: dns,
+            ..Default::default()
+        }
+        .rule_set(IpFamily::V4)
     }
 
     fn saved(text: &str) -> SavedTables {
@@ -247,7 +255,10 @@ mod tests {
     fn empty_netns_is_missing_and_converges_to_the_rendering() {
         let set = v4(false);
         assert_eq!(check(&set, &SavedTables::default()), CheckResult::Missing);
-        assert_eq!(converge_input(&set, &SavedTables::default()).unwrap(), set.render());
+        assert_eq!(
+            converge_input(&set, &SavedTables::default()).unwrap(),
+            set.render()
+        );
         assert_eq!(removal_input(&set, &SavedTables::default()), None);
     }
 
@@ -262,8 +273,13 @@ mod tests {
     #[test]
     fn missing_rule_is_partial() {
         let set = v4(false);
-        let text = set.render().replace("-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT\n", "");
-        assert!(matches!(check(&set, &saved(&text)), CheckResult::Partial(_)));
+        let text = set
+            .render()
+            .replace("-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT\n", "");
+        assert!(matches!(
+            check(&set, &saved(&text)),
+            CheckResult::Partial(_)
+        ));
     }
 
     #[test]
@@ -274,10 +290,16 @@ mod tests {
             "-A ISTIO_OUTPUT -p udp -j ACCEPT\n-A OUTPUT -j ISTIO_OUTPUT\nCOMMIT\n*nat\n",
         );
         let state = saved(&text);
-        let CheckResult::Foreign(why) = check(&set, &state) else { panic!("not foreign") };
+        let CheckResult::Foreign(why) = check(&set, &state) else {
+            panic!("not foreign")
+        };
         assert_eq!(why.len(), 2, "{why:?}");
         let fix = converge_input(&set, &state).unwrap();
-        assert_eq!(fix.matches("-D OUTPUT -j ISTIO_OUTPUT\n").count(), 1, "{fix}");
+        assert_eq!(
+            fix.matches("-D OUTPUT -j ISTIO_OUTPUT\n").count(),
+            1,
+            "{fix}"
+        );
         assert!(!fix.contains("-A OUTPUT -j ISTIO_OUTPUT\n"), "{fix}");
     }
 
@@ -287,7 +309,9 @@ mod tests {
         let set = v4(false);
         assert!(matches!(check(&set, &state), CheckResult::Foreign(_)));
         let fix = converge_input(&set, &state).unwrap();
-        assert!(fix.contains("*raw\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-D PREROUTING -j ISTIO_PRERT\n"));
+        assert!(fix.contains(
+            "*raw\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-D PREROUTING -j ISTIO_PRERT\n"
+        ));
         assert!(fix.contains("-X ISTIO_PRERT\n-X ISTIO_OUTPUT\nCOMMIT\n"));
     }
 
@@ -295,7 +319,9 @@ mod tests {
     fn removal_deletes_jumps_then_chains() {
         let set = v4(false);
         let text = removal_input(&set, &saved(&set.render())).unwrap();
-        assert!(text.starts_with("*mangle\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-D PREROUTING -j ISTIO_PRERT\n"));
+        assert!(text.starts_with(
+            "*mangle\n:ISTIO_PRERT - [0:0]\n:ISTIO_OUTPUT - [0:0]\n-D PREROUTING -j ISTIO_PRERT\n"
+        ));
         assert!(!text.contains("-A "));
         assert_eq!(text.matches("-X ").count(), 4);
     }
@@ -306,6 +332,9 @@ mod tests {
         assert_eq!(CheckResult::combine([Missing, Missing]), Missing);
         assert_eq!(CheckResult::combine([Ok, Ok]), Ok);
         assert!(matches!(CheckResult::combine([Ok, Missing]), Partial(_)));
-        assert!(matches!(CheckResult::combine([Foreign(vec![]), Ok]), Foreign(_)));
+        assert!(matches!(
+            CheckResult::combine([Foreign(vec![]), Ok]),
+            Foreign(_)
+        ));
     }
 }

@@ -73,13 +73,24 @@ impl ProbeSnat {
 
     /// The host rule set of one family (as `iptables-save` prints it).
     pub fn rule_set(family: IpFamily) -> RuleSet {
-        let chain = ChainRef { table: Table::Nat, name: CHAIN_HOST_POSTROUTING, hook: "POSTROUTING" };
+        let chain = ChainRef {
+            table: Table::Nat,
+            name: CHAIN_HOST_POSTROUTING,
+            hook: "POSTROUTING",
+        };
         let rule = format!(
             "-p tcp -m owner --socket-exists -m set --match-set {} dst -j SNAT --to-source {}",
             Self::set_name(family),
             family.probe_snat()
         );
-        RuleSet { family, scope: vec![chain], wanted: vec![ChainRules { chain, rules: vec![rule] }] }
+        RuleSet {
+            family,
+            scope: vec![chain],
+            wanted: vec![ChainRules {
+                chain,
+                rules: vec![rule],
+            }],
+        }
     }
 
     /// Creates the sets (kept with their members if present), then converges the
@@ -90,7 +101,15 @@ impl ProbeSnat {
                 IpFamily::V4 => "inet",
                 IpFamily::V6 => "inet6",
             };
-            ipset(&["create", Self::set_name(family), "hash:ip", "family", inet, "comment", "-exist"])?;
+            ipset(&[
+                "create",
+                Self::set_name(family),
+                "hash:ip",
+                "family",
+                inet,
+                "comment",
+                "-exist",
+            ])?;
             iptables::apply(self.backend, &Self::rule_set(family))?;
         }
         Ok(())
@@ -112,7 +131,12 @@ impl ProbeSnat {
         if family == IpFamily::V6 && !self.ipv6 {
             return Ok(false);
         }
-        if uid.is_empty() || uid.len() > MAX_COMMENT || !uid.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        if uid.is_empty()
+            || uid.len() > MAX_COMMENT
+            || !uid
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
             return Err(ProbeError::InvalidUid(uid.to_owned()));
         }
         let ip = ip.to_string();
@@ -200,7 +224,10 @@ fn ipset(args: &[&str]) -> Result<String, ProbeError> {
     let out = Command::new("ipset")
         .args(args)
         .output()
-        .map_err(|source| ProbeError::Spawn { args: joined.clone(), source })?;
+        .map_err(|source| ProbeError::Spawn {
+            args: joined.clone(),
+            source,
+        })?;
     if !out.status.success() {
         return Err(ProbeError::Ipset {
             args: joined,
@@ -236,8 +263,14 @@ mod tests {
         assert_eq!(
             parse_members(text),
             [
-                ProbeEntry { ip: "10.244.1.10".parse().unwrap(), uid: Some("uid-1".into()) },
-                ProbeEntry { ip: "10.244.1.11".parse().unwrap(), uid: None },
+                ProbeEntry {
+                    ip: "10.244.1.10".parse().unwrap(),
+                    uid: Some("uid-1".into())
+                },
+                ProbeEntry {
+                    ip: "10.244.1.11".parse().unwrap(),
+                    uid: None
+                },
             ]
         );
     }
@@ -245,7 +278,9 @@ mod tests {
     #[test]
     fn rejects_uids_that_are_not_plain_names() {
         let probe = ProbeSnat::new(Backend::Nft, false);
-        let err = probe.add_pod("10.0.0.1".parse().unwrap(), "a\" b").unwrap_err();
+        let err = probe
+            .add_pod("10.0.0.1".parse().unwrap(), "a\" b")
+            .unwrap_err();
         assert!(matches!(err, ProbeError::InvalidUid(_)));
         // IPv6 is off: skipped before any command runs.
         assert!(!probe.add_pod("fd00::1".parse().unwrap(), "uid").unwrap());

@@ -225,8 +225,16 @@ impl InpodRules {
             .iter()
             .flat_map(|&table| {
                 [
-                    ChainRef { table, name: CHAIN_PREROUTING, hook: "PREROUTING" },
-                    ChainRef { table, name: CHAIN_OUTPUT, hook: "OUTPUT" },
+                    ChainRef {
+                        table,
+                        name: CHAIN_PREROUTING,
+                        hook: "PREROUTING",
+                    },
+                    ChainRef {
+                        table,
+                        name: CHAIN_OUTPUT,
+                        hook: "OUTPUT",
+                    },
                 ]
             })
             .collect()
@@ -247,7 +255,9 @@ impl InpodRules {
         let mut nat_prert = Vec::new();
         if self.inbound_capture {
             // Packets from ztunnel's own sockets tag their connection.
-            mangle_prert.push(format!("-m mark --mark {mark} -j CONNMARK --set-xmark {connmark}"));
+            mangle_prert.push(format!(
+                "-m mark --mark {mark} -j CONNMARK --set-xmark {connmark}"
+            ));
             // Kubelet probes (SNATed on the node) skip capture.
             nat_prert.push(format!("-s {snat} -p tcp -m tcp -j ACCEPT"));
             // Everything else not for localhost or HBONE goes to the plaintext port.
@@ -292,18 +302,37 @@ impl InpodRules {
         ));
 
         let mut wanted = vec![
-            ChainRules { chain: prert(Table::Mangle), rules: mangle_prert },
-            ChainRules { chain: output(Table::Mangle), rules: mangle_output },
-            ChainRules { chain: prert(Table::Nat), rules: nat_prert },
-            ChainRules { chain: output(Table::Nat), rules: nat_output },
+            ChainRules {
+                chain: prert(Table::Mangle),
+                rules: mangle_prert,
+            },
+            ChainRules {
+                chain: output(Table::Mangle),
+                rules: mangle_output,
+            },
+            ChainRules {
+                chain: prert(Table::Nat),
+                rules: nat_prert,
+            },
+            ChainRules {
+                chain: output(Table::Nat),
+                rules: nat_output,
+            },
         ];
         wanted.extend(raw);
-        RuleSet { family, scope: Self::scope(), wanted }
+        RuleSet {
+            family,
+            scope: Self::scope(),
+            wanted,
+        }
     }
 
     /// One rule set per family this pod is programmed for.
     pub fn rule_sets(&self) -> Vec<RuleSet> {
-        self.families().into_iter().map(|f| self.rule_set(f)).collect()
+        self.families()
+            .into_iter()
+            .map(|f| self.rule_set(f))
+            .collect()
     }
 }
 
@@ -324,9 +353,16 @@ mod tests {
 
     #[test]
     fn bypass_inbound_keeps_jumps_but_no_inbound_rules() {
-        let rules = InpodRules { inbound_capture: false, ..Default::default() };
+        let rules = InpodRules {
+            inbound_capture: false,
+            ..Default::default()
+        };
         let set = rules.rule_set(IpFamily::V4);
-        let prert: Vec<_> = set.wanted.iter().filter(|c| c.chain.name == CHAIN_PREROUTING).collect();
+        let prert: Vec<_> = set
+            .wanted
+            .iter()
+            .filter(|c| c.chain.name == CHAIN_PREROUTING)
+            .collect();
         assert_eq!(prert.len(), 2);
         assert!(prert.iter().all(|c| c.rules.is_empty()));
         assert!(set.render().contains("-A PREROUTING -j ISTIO_PRERT\n"));
@@ -334,7 +370,12 @@ mod tests {
 
     #[test]
     fn v6_uses_v6_loopback_and_probe_address() {
-        let text = InpodRules { ipv6: true, ..Default::default() }.rule_set(IpFamily::V6).render();
+        let text = InpodRules {
+            ipv6: true,
+            ..Default::default()
+        }
+        .rule_set(IpFamily::V6)
+        .render();
         assert!(text.contains("! -d ::1/128"));
         assert!(text.contains("-s fd16:9254:7127:1337:ffff:ffff:ffff:ffff/128"));
         assert!(!text.contains("127.0.0.1"));

@@ -25,7 +25,10 @@ impl SavedTable {
 
     /// The rules of `chain`, in order.
     pub fn rules_of<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.rules.iter().filter(move |(c, _)| c == chain).map(|(_, r)| r.as_str())
+        self.rules
+            .iter()
+            .filter(move |(c, _)| c == chain)
+            .map(|(_, r)| r.as_str())
     }
 }
 
@@ -62,22 +65,29 @@ impl SavedTables {
             } else if line == "COMMIT" {
                 current = None;
             } else if let Some(decl) = line.strip_prefix(':') {
-                let table = current
-                    .as_ref()
-                    .and_then(|t| tables.get_mut(t))
-                    .ok_or(SaveParseError::OutsideTable { line: n, what: "chain" })?;
+                let table = current.as_ref().and_then(|t| tables.get_mut(t)).ok_or(
+                    SaveParseError::OutsideTable {
+                        line: n,
+                        what: "chain",
+                    },
+                )?;
                 let name = decl.split_whitespace().next().unwrap_or_default();
                 table.chains.push(name.to_owned());
             } else if let Some(rest) = line.strip_prefix("-A ") {
-                let table = current
-                    .as_ref()
-                    .and_then(|t| tables.get_mut(t))
-                    .ok_or(SaveParseError::OutsideTable { line: n, what: "rule" })?;
+                let table = current.as_ref().and_then(|t| tables.get_mut(t)).ok_or(
+                    SaveParseError::OutsideTable {
+                        line: n,
+                        what: "rule",
+                    },
+                )?;
                 let rest = rest.trim_start();
                 let (chain, spec) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
                 table.rules.push((chain.to_owned(), normalize_rule(spec)));
             } else {
-                return Err(SaveParseError::Unexpected { line: n, text: line.to_owned() });
+                return Err(SaveParseError::Unexpected {
+                    line: n,
+                    text: line.to_owned(),
+                });
             }
         }
         Ok(SavedTables { tables })
@@ -103,7 +113,9 @@ impl SavedTables {
     pub fn owned_view(&self, set: &RuleSet) -> String {
         let mut out = String::new();
         for table in Table::ALL {
-            let Some(saved) = self.table(table) else { continue };
+            let Some(saved) = self.table(table) else {
+                continue;
+            };
             let owned: Vec<&str> = set
                 .scope_in(table)
                 .map(|c| c.name)
@@ -155,7 +167,11 @@ pub fn normalize_rule(spec: &str) -> String {
         match t {
             "--to-port" => out.push("--to-ports".to_owned()),
             "-s" | "-d" | "--source" | "--destination" if i + 1 < tokens.len() => {
-                out.push(if t.len() > 2 { format!("-{}", &t[2..3]) } else { t.to_owned() });
+                out.push(if t.len() > 2 {
+                    format!("-{}", &t[2..3])
+                } else {
+                    t.to_owned()
+                });
                 out.push(with_host_mask(tokens[i + 1]));
                 i += 1;
             }
@@ -198,7 +214,10 @@ COMMIT
         let saved = SavedTables::parse(DUMP).unwrap();
         let nat = saved.table(Table::Nat).unwrap();
         assert_eq!(nat.chains, ["PREROUTING", "OUTPUT", "ISTIO_OUTPUT"]);
-        assert_eq!(nat.rules_of("OUTPUT").collect::<Vec<_>>(), ["-j ISTIO_OUTPUT"]);
+        assert_eq!(
+            nat.rules_of("OUTPUT").collect::<Vec<_>>(),
+            ["-j ISTIO_OUTPUT"]
+        );
         assert_eq!(saved.rule_count(), 2);
         assert!(saved.table(Table::Raw).is_none());
     }
@@ -216,12 +235,21 @@ COMMIT
             normalize_rule("-s  169.254.7.127 -p tcp  -j REDIRECT --to-port 15053"),
             "-s 169.254.7.127/32 -p tcp -j REDIRECT --to-ports 15053"
         );
-        assert_eq!(normalize_rule("! --destination ::1 -j ACCEPT"), "! -d ::1/128 -j ACCEPT");
+        assert_eq!(
+            normalize_rule("! --destination ::1 -j ACCEPT"),
+            "! -d ::1/128 -j ACCEPT"
+        );
     }
 
     #[test]
     fn owned_view_of_rendered_rules_is_the_rendering() {
-        for rules in [InpodRules::default(), InpodRules { dns_capture: true, ..Default::default() }] {
+        for rules in [
+            InpodRules::default(),
+            InpodRules {
+                dns_capture: true,
+                ..Default::default()
+            },
+        ] {
             let set = rules.rule_set(IpFamily::V4);
             let rendered = set.render();
             let saved = SavedTables::parse(&rendered).unwrap();

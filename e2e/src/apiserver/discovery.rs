@@ -85,6 +85,10 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
         if !r.short_names.is_empty() {
             doc["shortNames"] = json!(r.short_names);
         }
+        // `kubectl get all` expands the "all" category.
+        if matches!(r.plural, "pods" | "services" | "daemonsets" | "deployments") {
+            doc["categories"] = json!(["all"]);
+        }
         list.push(doc);
         if r.status {
             list.push(json!({

@@ -15,7 +15,7 @@ use super::meta;
 use super::openapi;
 use super::patch::Patch;
 use super::protobuf;
-use super::resources::Resource;
+use super::resources::{self, Resource};
 use super::routes::{self, Body, Query, ResourceRoute, Route};
 use super::selectors::Filter;
 use super::store::Change;
@@ -444,7 +444,7 @@ fn delete(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
 }
 
 fn schedule_namespace_finalizer(ctx: &Ctx<'_>, deleted: &Value) {
-    if ctx.route.rs.group != "" || ctx.route.rs.plural != "namespaces" || dry_run(ctx) {
+    if !std::ptr::eq(ctx.route.rs, resources::namespaces()) || dry_run(ctx) {
         return;
     }
     let shared = ctx.shared.clone();

@@ -29,6 +29,7 @@ mod handlers;
 mod meta;
 mod openapi;
 mod patch;
+mod persist;
 mod protobuf;
 pub mod resources;
 mod routes;

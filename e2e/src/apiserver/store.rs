@@ -4,7 +4,7 @@
 //! on disk so a restarted server keeps its objects and resourceVersions.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{json, Value};
@@ -12,6 +12,7 @@ use tokio::sync::broadcast;
 
 use super::errors::{ApiError, ApiResult};
 use super::meta;
+use super::persist;
 use super::resources::{self, Resource};
 use super::selectors::Filter;
 
@@ -124,7 +125,12 @@ impl Store {
         };
         let loaded = match &state_file {
             Some(path) if path.exists() => {
-                load(path, &mut inner)?;
+                let (rv, objects) = persist::load(path)?;
+                inner.rv = rv;
+                for (rs, obj) in objects {
+                    let key = Key::new(rs, meta::namespace_of(&obj), meta::name_of(&obj));
+                    inner.objects.insert(key, obj);
+                }
                 true
             }
             _ => false,
@@ -341,58 +347,11 @@ impl Store {
         let Some(path) = &self.state_file else {
             return;
         };
-        let objects: Vec<Value> = inner
-            .objects
-            .iter()
-            .map(|(k, v)| json!({"group": k.group, "plural": k.plural, "object": v}))
-            .collect();
-        let doc = json!({"resourceVersion": inner.rv.to_string(), "objects": objects});
-        let tmp = path.with_extension("tmp");
-        let result = serde_json::to_vec_pretty(&doc)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
-            .and_then(|()| std::fs::rename(&tmp, path));
-        if let Err(e) = result {
+        let objects = inner.objects.iter().map(|(k, v)| (k.group, k.plural, v));
+        if let Err(e) = persist::save(path, inner.rv, objects) {
             tracing::warn!(path = %path.display(), "cannot persist API server state: {e}");
         }
     }
-}
-
-fn load(path: &Path, inner: &mut Inner) -> std::io::Result<()> {
-    let bytes = std::fs::read(path)?;
-    let doc: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-    inner.rv = doc
-        .get("resourceVersion")
-        .and_then(Value::as_str)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "state file lacks resourceVersion",
-            )
-        })?;
-    for entry in doc
-        .get("objects")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let group = entry.get("group").and_then(Value::as_str).unwrap_or("");
-        let plural = entry.get("plural").and_then(Value::as_str).unwrap_or("");
-        let (Some(rs), Some(obj)) = (resources::by_storage(group, plural), entry.get("object"))
-        else {
-            tracing::warn!(
-                group,
-                plural,
-                "state file: skipping an object of an unknown resource"
-            );
-            continue;
-        };
-        let key = Key::new(rs, meta::namespace_of(obj), meta::name_of(obj));
-        inner.objects.insert(key, obj.clone());
-    }
-    Ok(())
 }
 
 impl Inner {

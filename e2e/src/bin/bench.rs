@@ -60,6 +60,11 @@ fn main() -> Result<()> {
     } else {
         Plan { throughput_secs: 10, throughput_reps: 3, pings: 20000, rate_pings: 5000, churn: 2000, held: 1000 }
     };
+    // Both nodes' ztunnels share this machine's two cores; in a cluster each would
+    // have its node to itself. One worker each models that (override with the env).
+    if std::env::var_os("ZTUNNEL_WORKER_THREADS").is_none() {
+        std::env::set_var("ZTUNNEL_WORKER_THREADS", "1");
+    }
     let started = Instant::now();
     eprintln!("building the standalone topology (two ztunnels, one veth hop)...");
     let topology = Standalone::new("bench")?;

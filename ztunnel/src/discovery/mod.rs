@@ -2,7 +2,7 @@
 //!
 //! Every source builds a complete [`crate::state::ProxyState`] and hands it to the
 //! [`crate::state::StateStore`] under its own name, so sources never see each other's
-//! data. `local` reads Istio's `LOCAL_XDS_PATH` file; a Kubernetes source comes later.
+//! data. `local` reads Istio's `LOCAL_XDS_PATH` file; `kubernetes` watches the API server.
 
 pub mod kubernetes;
 pub mod local;

@@ -9,9 +9,15 @@ use h2::{RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Read size from the TCP side. Large reads mean fewer syscalls and frames; h2 cuts
-/// them into DATA frames of the peer's max frame size.
-const READ_CHUNK: usize = 256 * 1024;
+/// Read buffer sizes from the TCP side. A connection starts small (idle
+/// connections cost little) and doubles its buffer while reads keep filling it, so
+/// a bulk transfer soon moves 256 KiB per syscall.
+const MIN_READ: usize = 16 * 1024;
+const MAX_READ: usize = 256 * 1024;
+/// Largest DATA frame we send. The peer allows 1 MiB, but a frame is one
+/// allocation on the receiving side, and allocations this size stay in the
+/// allocator's heap instead of costing an mmap and page faults each.
+const MAX_DATA_FRAME: usize = 64 * 1024;
 
 /// One HBONE stream: the two halves of an HTTP/2 CONNECT tunnel, plus whatever must
 /// live as long as the stream (e.g. the pool lease that counts it).
@@ -75,34 +81,48 @@ async fn tcp_to_h2<R: AsyncRead + Unpin>(
     send: &mut SendStream<Bytes>,
     counter: &Counter,
 ) -> io::Result<u64> {
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut size = MIN_READ;
+    let mut buf = BytesMut::new();
     let mut total = 0u64;
     loop {
-        if buf.capacity() < READ_CHUNK / 4 {
-            buf.reserve(READ_CHUNK);
-        }
+        buf.reserve(size);
         let n = reader.read_buf(&mut buf).await?;
         if n == 0 {
             // TCP FIN becomes END_STREAM: the peer half-closes its upstream.
             send.send_data(Bytes::new(), true).map_err(h2_to_io)?;
             return Ok(total);
         }
+        size = next_read_size(size, n);
         total += n as u64;
         counter.inc_by(n as u64);
         let mut data = buf.split().freeze();
         while !data.is_empty() {
             send.reserve_capacity(data.len());
-            let granted = match poll_fn(|cx| send.poll_capacity(cx)).await {
-                Some(Ok(granted)) => granted,
-                Some(Err(e)) => return Err(h2_to_io(e)),
-                None => return Err(io::Error::new(io::ErrorKind::BrokenPipe, "HBONE stream closed")),
-            };
+            // Capacity left over from the previous grant is used first: poll_capacity
+            // only reports changes.
+            let mut granted = send.capacity();
+            if granted == 0 {
+                granted = match poll_fn(|cx| send.poll_capacity(cx)).await {
+                    Some(Ok(granted)) => granted,
+                    Some(Err(e)) => return Err(h2_to_io(e)),
+                    None => return Err(io::Error::new(io::ErrorKind::BrokenPipe, "HBONE stream closed")),
+                };
+            }
             if granted == 0 {
                 continue;
             }
-            let chunk = data.split_to(granted.min(data.len()));
+            let chunk = data.split_to(granted.min(data.len()).min(MAX_DATA_FRAME));
             send.send_data(chunk, false).map_err(h2_to_io)?;
         }
+    }
+}
+
+/// Doubles the read size after a read that filled it, up to the maximum.
+fn next_read_size(size: usize, read: usize) -> usize {
+    if read >= size {
+        (size * 2).min(MAX_READ)
+    } else {
+        size
     }
 }
 
@@ -150,15 +170,19 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; READ_CHUNK];
+    let mut size = MIN_READ;
+    let mut buf = BytesMut::new();
     let mut total = 0u64;
     loop {
-        let n = reader.read(&mut buf).await?;
+        buf.clear();
+        buf.reserve(size);
+        let n = reader.read_buf(&mut buf).await?;
         if n == 0 {
             writer.shutdown().await?;
             return Ok(total);
         }
-        writer.write_all(&buf[..n]).await?;
+        size = next_read_size(size, n);
+        writer.write_all(&buf).await?;
         total += n as u64;
         counter.inc_by(n as u64);
     }
@@ -169,4 +193,16 @@ fn h2_to_io(e: h2::Error) -> io::Error {
         return e.into_io().unwrap_or_else(|| io::Error::other("HTTP/2 I/O error"));
     }
     io::Error::other(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_size_grows_only_while_reads_fill_it() {
+        assert_eq!(next_read_size(MIN_READ, 100), MIN_READ);
+        assert_eq!(next_read_size(MIN_READ, MIN_READ), 2 * MIN_READ);
+        assert_eq!(next_read_size(MAX_READ, MAX_READ), MAX_READ);
+    }
 }

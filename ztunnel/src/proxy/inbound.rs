@@ -19,7 +19,7 @@ use tracing::{debug, info, warn, Instrument};
 use super::ProxyInputs;
 use crate::hbone::server::{respond_status, serve_connection};
 use crate::hbone::stream::{copy_bidirectional, H2Stream};
-use crate::hbone::HANDSHAKE_TIMEOUT;
+use crate::hbone::{HANDSHAKE_TIMEOUT, TLS_READ_BUFFER, TLS_SEND_BUFFER_LIMIT};
 use crate::identity::{Identity, WorkloadCertificate};
 use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
 use crate::socket;
@@ -109,7 +109,8 @@ impl Inbound {
             }
         };
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        let tcp = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp);
+        let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
                 info!(error = %e, "TLS handshake failed");
@@ -122,6 +123,7 @@ impl Inbound {
                 return;
             }
         };
+        tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
         let Some(identity) = tls::peer_identity(tls.get_ref().1) else {
             // The verifier already requires one; this is only defence in depth.
             metrics.error("no_peer_identity");

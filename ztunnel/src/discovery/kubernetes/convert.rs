@@ -48,7 +48,11 @@ pub enum Target {
 /// Converts a Service; `None` for objects with nothing to route (ExternalName, no name).
 pub fn service(svc: &KubeService, opts: &Options) -> Option<ServiceInfo> {
     let name = svc.metadata.name.as_deref().filter(|n| !n.is_empty())?;
-    let namespace = svc.metadata.namespace.as_deref().filter(|n| !n.is_empty())?;
+    let namespace = svc
+        .metadata
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())?;
     let spec = svc.spec.as_ref()?;
     if spec.type_.as_deref() == Some("ExternalName") {
         debug!(service = %format!("{namespace}/{name}"), "skipping ExternalName service");
@@ -108,7 +112,10 @@ fn service_vips(svc: &KubeService) -> Vec<NetworkAddress> {
         .and_then(|s| s.cluster_ips.as_ref())
         .filter(|ips| !ips.is_empty())
         .map(|ips| ips.iter().map(String::as_str).collect())
-        .or_else(|| spec.and_then(|s| s.cluster_ip.as_deref()).map(|ip| vec![ip]))
+        .or_else(|| {
+            spec.and_then(|s| s.cluster_ip.as_deref())
+                .map(|ip| vec![ip])
+        })
         .unwrap_or_default();
     if spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer") {
         let ingress = svc
@@ -116,7 +123,12 @@ fn service_vips(svc: &KubeService) -> Vec<NetworkAddress> {
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
             .and_then(|lb| lb.ingress.as_ref());
-        ips.extend(ingress.into_iter().flatten().filter_map(|i| i.ip.as_deref()));
+        ips.extend(
+            ingress
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.as_deref()),
+        );
     }
     let mut out: Vec<NetworkAddress> = ips
         .into_iter()
@@ -140,7 +152,11 @@ pub fn pod(
     opts: &Options,
 ) -> Option<Workload> {
     let name = pod.metadata.name.as_deref().filter(|n| !n.is_empty())?;
-    let namespace = pod.metadata.namespace.as_deref().filter(|n| !n.is_empty())?;
+    let namespace = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())?;
     let status = pod.status.as_ref()?;
     if !matches!(status.phase.as_deref(), Some("Running" | "Pending")) {
         return None;
@@ -157,7 +173,11 @@ pub fn pod(
         .and_then(|a| a.get(REDIRECTION_ANNOTATION))
         .is_some_and(|v| v == REDIRECTION_ENABLED);
     let service_account = spec
-        .and_then(|s| s.service_account_name.as_deref().or(s.service_account.as_deref()))
+        .and_then(|s| {
+            s.service_account_name
+                .as_deref()
+                .or(s.service_account.as_deref())
+        })
         .filter(|s| !s.is_empty())
         .unwrap_or(crate::state::workload::DEFAULT_SERVICE_ACCOUNT);
     let (workload_name, workload_type) = workload_name_and_type(pod, name);
@@ -218,7 +238,12 @@ fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
         .filter_map(|p| p.ip.parse().ok())
         .collect();
     if ips.is_empty() {
-        ips.extend(status.pod_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()));
+        ips.extend(
+            status
+                .pod_ip
+                .as_deref()
+                .and_then(|ip| ip.parse::<IpAddr>().ok()),
+        );
     }
     ips.dedup();
     ips

@@ -90,7 +90,10 @@ fn running_pod_with_redirection_is_an_hbone_workload() {
     );
     assert_eq!(w.workload_name, "web");
     assert_eq!(w.workload_type, "deployment");
-    assert_eq!((w.canonical_name.as_str(), w.canonical_revision.as_str()), ("web", "v2"));
+    assert_eq!(
+        (w.canonical_name.as_str(), w.canonical_revision.as_str()),
+        ("web", "v2")
+    );
     assert_eq!(w.cluster_id, "c1");
     // Our uid matches what the local source derives for uid-less workloads.
     let local = Workload {
@@ -130,7 +133,8 @@ fn finished_or_ip_less_pods_are_not_workloads() {
     }
     let no_ip = pod_yaml("metadata: {name: a, namespace: n}\nstatus: {phase: Pending}\n");
     assert!(workload(&no_ip, &[]).is_none());
-    let bad_ip = pod_yaml("metadata: {name: a, namespace: n}\nstatus: {phase: Running, podIP: nope}\n");
+    let bad_ip =
+        pod_yaml("metadata: {name: a, namespace: n}\nstatus: {phase: Running, podIP: nope}\n");
     assert!(workload(&bad_ip, &[]).is_none());
     let no_status = pod_yaml("metadata: {name: a, namespace: n}\n");
     assert!(workload(&no_status, &[]).is_none());
@@ -148,7 +152,9 @@ fn host_network_pods_are_included_but_never_hbone() {
     // The state never indexes a host-network workload by the node's IP.
     let mut state = crate::state::ProxyState::new();
     state.insert_workload(w);
-    assert!(state.workload_by_ip("192.168.1.10".parse().unwrap()).is_none());
+    assert!(state
+        .workload_by_ip("192.168.1.10".parse().unwrap())
+        .is_none());
     assert!(state.workload_by_name("kube-system", "h").is_some());
 }
 
@@ -174,7 +180,9 @@ fn headless_external_name_and_load_balancer_services() {
         "metadata: {name: h, namespace: n}\nspec: {clusterIP: None, selector: {a: b}, ports: [{port: 80}]}\n",
     );
     assert!(services(&[headless])[0].service.vips.is_empty());
-    let ext = svc_yaml("metadata: {name: e, namespace: n}\nspec: {type: ExternalName, externalName: x.com}\n");
+    let ext = svc_yaml(
+        "metadata: {name: e, namespace: n}\nspec: {type: ExternalName, externalName: x.com}\n",
+    );
     assert!(services(&[ext]).is_empty());
     let lb = svc_yaml(
         "metadata: {name: l, namespace: n}\nspec: {type: LoadBalancer, clusterIP: 10.96.0.3}\n\
@@ -194,7 +202,11 @@ fn workload_services_map_resolves_named_and_numeric_target_ports() {
     let svcs = services(&[svc_yaml(SVC)]);
     let w = workload(&pod_yaml(POD), &svcs).unwrap();
     let ports = &w.services["app/web.app.svc.cluster.local"];
-    assert_eq!(ports.get(&80), Some(&8080), "named targetPort via container port");
+    assert_eq!(
+        ports.get(&80),
+        Some(&8080),
+        "named targetPort via container port"
+    );
     assert_eq!(ports.get(&9000), Some(&9090), "numeric targetPort");
     assert_eq!(ports.get(&7000), Some(&7000), "unset targetPort");
     // `dns` is a UDP container port: no TCP match, so the port is left out (istiod).
@@ -205,8 +217,11 @@ fn workload_services_map_resolves_named_and_numeric_target_ports() {
 #[test]
 fn services_select_only_matching_pods_in_their_namespace() {
     let other_ns = svc_yaml("metadata: {name: web, namespace: other}\nspec: {selector: {app: web}, ports: [{port: 80}]}\n");
-    let wrong_labels = svc_yaml("metadata: {name: db, namespace: app}\nspec: {selector: {app: db}, ports: [{port: 80}]}\n");
-    let no_selector = svc_yaml("metadata: {name: manual, namespace: app}\nspec: {ports: [{port: 80}]}\n");
+    let wrong_labels = svc_yaml(
+        "metadata: {name: db, namespace: app}\nspec: {selector: {app: db}, ports: [{port: 80}]}\n",
+    );
+    let no_selector =
+        svc_yaml("metadata: {name: manual, namespace: app}\nspec: {ports: [{port: 80}]}\n");
     let svcs = services(&[other_ns, wrong_labels, no_selector]);
     let w = workload(&pod_yaml(POD), &svcs).unwrap();
     assert!(w.services.is_empty(), "{:?}", w.services);
@@ -227,7 +242,10 @@ fn selector_policies_are_listed_on_selected_workloads() {
         ap("metadata: {name: ns-wide, namespace: app}\nspec: {}\n"),
     ];
     let w = pod(&pod_yaml(POD), &[], &policies, &opts()).unwrap();
-    assert_eq!(w.authorization_policies, vec!["app/sel", "istio-system/mesh"]);
+    assert_eq!(
+        w.authorization_policies,
+        vec!["app/sel", "istio-system/mesh"]
+    );
 }
 
 #[test]

@@ -139,14 +139,42 @@ pub fn start(
         policies: policies.as_reader(),
     };
     let c = &cancel;
-    watch::spawn("pods", Api::all(client.clone()), pods, IfAbsent::Wait, progress(0), c.clone());
-    watch::spawn("services", Api::all(client.clone()), services, IfAbsent::Wait, progress(1), c.clone());
+    watch::spawn(
+        "pods",
+        Api::all(client.clone()),
+        pods,
+        IfAbsent::Wait,
+        progress(0),
+        c.clone(),
+    );
+    watch::spawn(
+        "services",
+        Api::all(client.clone()),
+        services,
+        IfAbsent::Wait,
+        progress(1),
+        c.clone(),
+    );
     let ap_api = Api::<DynamicObject>::all_with(client, &ap);
-    watch::spawn("authorizationpolicies", ap_api, policies, IfAbsent::Empty, progress(2), c.clone());
+    watch::spawn(
+        "authorizationpolicies",
+        ap_api,
+        policies,
+        IfAbsent::Empty,
+        progress(2),
+        c.clone(),
+    );
 
     let (synced_tx, synced) = signal::channel(false);
     let rebuilder = Rebuilder::new(stores, opts, state);
-    tokio::spawn(run(rebuilder, changes.subscribe(), kinds, ready, synced_tx, cancel));
+    tokio::spawn(run(
+        rebuilder,
+        changes.subscribe(),
+        kinds,
+        ready,
+        synced_tx,
+        cancel,
+    ));
     KubernetesDiscovery { synced }
 }
 
@@ -168,8 +196,8 @@ async fn run(
     }
     changes.borrow_and_update();
     rebuilder.rebuild();
-    synced.send_replace(true);
     drop(ready);
+    synced.send_replace(true);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,

@@ -38,12 +38,11 @@ const L4_WHEN_KEYS: &[&str] = &[
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConvertedPolicy {
     pub authorization: Authorization,
-    /// `spec.selector.matchLabels` of a WorkloadSelector-scoped policy.
+    /// `spec.selector.matchLabels` of a WorkloadSelector-scoped policy; empty labels
+    /// select every pod in scope (the sidecar semantics; safer than selecting none).
     selector: Option<BTreeMap<String, String>>,
     /// Selector policies in the root namespace select workloads in every namespace.
     all_namespaces: bool,
-    /// `metadata.resourceVersion`, so warnings are logged once per version.
-    pub version: String,
 }
 
 impl ConvertedPolicy {
@@ -72,10 +71,7 @@ pub enum NotConverted {
 }
 
 /// Converts one AuthorizationPolicy; `root_namespace` makes selector-less policies Global.
-pub fn convert(
-    obj: &DynamicObject,
-    root_namespace: &str,
-) -> Result<ConvertedPolicy, NotConverted> {
+pub fn convert(obj: &DynamicObject, root_namespace: &str) -> Result<ConvertedPolicy, NotConverted> {
     let name = obj.metadata.name.clone().filter(|n| !n.is_empty());
     let namespace = obj.metadata.namespace.clone().filter(|n| !n.is_empty());
     let (Some(name), Some(namespace)) = (name, namespace) else {
@@ -93,7 +89,11 @@ pub fn convert(
         "" | "ALLOW" => Action::Allow,
         "DENY" => Action::Deny,
         other @ ("AUDIT" | "CUSTOM") => return Err(NotConverted::UnsupportedAction(other.into())),
-        other => return Err(NotConverted::InvalidSpec(format!("unknown action {other:?}"))),
+        other => {
+            return Err(NotConverted::InvalidSpec(format!(
+                "unknown action {other:?}"
+            )))
+        }
     };
     let selector = spec
         .selector
@@ -135,7 +135,6 @@ pub fn convert(
         },
         selector,
         all_namespaces: namespace == root_namespace,
-        version: obj.metadata.resource_version.clone().unwrap_or_default(),
     })
 }
 

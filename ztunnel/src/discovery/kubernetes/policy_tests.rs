@@ -53,13 +53,24 @@ fn scope_follows_namespace_and_selector() {
     assert!(!sel.selects("app", &labels(&[("app", "db")])));
     assert!(!sel.selects("other", &labels(&[("app", "web")])));
 
-    let root_sel = convert_yaml(&with_spec("istio-system", "  selector: {matchLabels: {app: web}}\n")).unwrap();
+    let root_sel = convert_yaml(&with_spec(
+        "istio-system",
+        "  selector: {matchLabels: {app: web}}\n",
+    ))
+    .unwrap();
     assert_eq!(root_sel.authorization.scope, Scope::WorkloadSelector);
     assert!(root_sel.selects("any", &labels(&[("app", "web")])));
+    let empty_sel = convert_yaml(&with_spec("app", "  selector: {}\n")).unwrap();
+    assert_eq!(empty_sel.authorization.scope, Scope::WorkloadSelector);
+    assert!(
+        empty_sel.selects("app", &labels(&[])),
+        "empty matchLabels select all"
+    );
+    assert!(!empty_sel.selects("other", &labels(&[])));
+
     // Namespace- and mesh-wide policies are found by scope, never listed on workloads.
     let ns_wide = convert_yaml(&with_spec("app", "  {}\n")).unwrap();
     assert!(!ns_wide.selects("app", &labels(&[])));
-    assert_eq!(sel.version, "7");
 }
 
 #[test]
@@ -87,19 +98,38 @@ fn from_fields_map_to_matches() {
         ]
     );
     assert_eq!(m.not_principals, vec![exact("cluster.local/ns/a/sa/bad")]);
-    assert_eq!(m.namespaces, vec![exact("a"), StringMatch::Prefix("team-".into())]);
+    assert_eq!(
+        m.namespaces,
+        vec![exact("a"), StringMatch::Prefix("team-".into())]
+    );
     assert_eq!(m.not_namespaces, vec![exact("kube-system")]);
     assert_eq!(
         m.service_accounts,
         vec![
-            ServiceAccountMatch { namespace: "app".into(), service_account: "local-sa".into() },
-            ServiceAccountMatch { namespace: "other".into(), service_account: "sa2".into() },
+            ServiceAccountMatch {
+                namespace: "app".into(),
+                service_account: "local-sa".into()
+            },
+            ServiceAccountMatch {
+                namespace: "other".into(),
+                service_account: "sa2".into()
+            },
         ]
     );
     assert_eq!(m.not_service_accounts[0].namespace, "app");
-    assert_eq!(m.source_ips, vec!["10.0.0.0/8".parse().unwrap(), "192.168.1.1/32".parse().unwrap()]);
+    assert_eq!(
+        m.source_ips,
+        vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "192.168.1.1/32".parse().unwrap()
+        ]
+    );
     assert_eq!(m.not_source_ips, vec!["10.1.0.0/16".parse().unwrap()]);
-    assert_eq!(clauses[0][1].namespaces, vec![exact("b")], "sources are alternatives");
+    assert_eq!(
+        clauses[0][1].namespaces,
+        vec![exact("b")],
+        "sources are alternatives"
+    );
     assert!(p.warnings.is_empty(), "{:?}", p.warnings);
 }
 
@@ -120,18 +150,39 @@ fn to_and_when_become_separate_clauses() {
     assert_eq!(clauses[0][0].destination_ports, vec![80, 8080]);
     assert_eq!(clauses[0][0].not_destination_ports, vec![81]);
     assert_eq!(clauses[1][0].namespaces, vec![exact("a")]);
-    assert_eq!(clauses[2][0].source_ips, vec!["10.0.0.1/32".parse().unwrap()]);
-    assert_eq!(clauses[2][0].not_source_ips, vec!["10.0.0.2/32".parse().unwrap()]);
+    assert_eq!(
+        clauses[2][0].source_ips,
+        vec!["10.0.0.1/32".parse().unwrap()]
+    );
+    assert_eq!(
+        clauses[2][0].not_source_ips,
+        vec!["10.0.0.2/32".parse().unwrap()]
+    );
     assert_eq!(clauses[3][0].destination_ports, vec![80]);
-    assert_eq!(clauses[4][0].not_destination_ips, vec!["10.9.9.9/32".parse().unwrap()]);
+    assert_eq!(
+        clauses[4][0].not_destination_ips,
+        vec!["10.9.9.9/32".parse().unwrap()]
+    );
     assert_eq!(clauses[5][0].principals, vec![StringMatch::Presence]);
     assert_eq!(clauses[6][0].not_namespaces, vec![exact("x")]);
 
     assert!(p.matches(&conn(Some(("a", "s")), "10.0.0.1", "10.0.0.9:80")));
-    assert!(!p.matches(&conn(Some(("a", "s")), "10.0.0.1", "10.0.0.9:8080")), "when port");
-    assert!(!p.matches(&conn(Some(("b", "s")), "10.0.0.1", "10.0.0.9:80")), "namespace");
-    assert!(!p.matches(&conn(Some(("a", "s")), "10.0.0.2", "10.0.0.9:80")), "source ip");
-    assert!(!p.matches(&conn(None, "10.0.0.1", "10.0.0.9:80")), "plaintext");
+    assert!(
+        !p.matches(&conn(Some(("a", "s")), "10.0.0.1", "10.0.0.9:8080")),
+        "when port"
+    );
+    assert!(
+        !p.matches(&conn(Some(("b", "s")), "10.0.0.1", "10.0.0.9:80")),
+        "namespace"
+    );
+    assert!(
+        !p.matches(&conn(Some(("a", "s")), "10.0.0.2", "10.0.0.9:80")),
+        "source ip"
+    );
+    assert!(
+        !p.matches(&conn(None, "10.0.0.1", "10.0.0.9:80")),
+        "plaintext"
+    );
 }
 
 #[test]
@@ -156,13 +207,20 @@ fn l7_allow_rule_never_matches() {
     assert_eq!(p.rules[0][0][0].namespaces, vec![exact("ok")]);
     assert!(!p.matches(&conn(Some(("x", "s")), "1.1.1.1", "10.0.0.1:80")));
     assert_eq!(p.warnings.len(), 3, "{:?}", p.warnings);
-    assert!(p.warnings[0].starts_with("rules[0]: HTTP attributes (methods)"), "{}", p.warnings[0]);
+    assert!(
+        p.warnings[0].starts_with("rules[0]: HTTP attributes (methods)"),
+        "{}",
+        p.warnings[0]
+    );
     assert!(p.warnings[0].contains("never matches"));
     assert!(p.warnings[2].contains("when request.headers[x-user]"));
 
     // Every rule HTTP-only: the ALLOW policy still exists and matches nothing, so the
     // workloads it covers deny everything not allowed by another policy (Istio).
-    let only_l7 = policy(&with_spec("app", "  rules: [{to: [{operation: {paths: [/admin]}}]}]\n"));
+    let only_l7 = policy(&with_spec(
+        "app",
+        "  rules: [{to: [{operation: {paths: [/admin]}}]}]\n",
+    ));
     assert!(only_l7.rules.is_empty());
     assert!(!only_l7.matches(&conn(Some(("x", "s")), "1.1.1.1", "10.0.0.1:80")));
 }
@@ -173,10 +231,18 @@ fn l7_only_deny_denies_at_l4() {
         "app",
         "  action: DENY\n  rules:\n  - to: [{operation: {methods: [DELETE]}}]\n",
     ));
-    assert_eq!(p.rules, vec![Vec::<Vec<RbacMatch>>::new()], "widened to match all");
+    assert_eq!(
+        p.rules,
+        vec![Vec::<Vec<RbacMatch>>::new()],
+        "widened to match all"
+    );
     assert!(p.matches(&conn(Some(("x", "s")), "1.1.1.1", "10.0.0.1:80")));
     assert!(p.matches(&conn(None, "1.1.1.1", "10.0.0.1:22")));
-    assert!(p.warnings[0].contains("denying more than requested"), "{:?}", p.warnings);
+    assert!(
+        p.warnings[0].contains("denying more than requested"),
+        "{:?}",
+        p.warnings
+    );
 
     // L7 mixed with L4: the L4 parts still narrow the rule.
     let mixed = policy(&with_spec(
@@ -185,7 +251,11 @@ fn l7_only_deny_denies_at_l4() {
          \x20   to: [{operation: {methods: [POST], ports: [\"80\"]}}]\n\
          \x20   when: [{key: \"request.auth.claims[iss]\", values: [x]}]\n",
     ));
-    assert_eq!(mixed.rules[0].len(), 2, "to (ports only) and from; when dropped");
+    assert_eq!(
+        mixed.rules[0].len(),
+        2,
+        "to (ports only) and from; when dropped"
+    );
     assert!(mixed.matches(&conn(Some(("bad", "s")), "1.1.1.1", "10.0.0.1:80")));
     assert!(!mixed.matches(&conn(Some(("bad", "s")), "1.1.1.1", "10.0.0.1:81")));
     assert!(!mixed.matches(&conn(Some(("good", "s")), "1.1.1.1", "10.0.0.1:80")));
@@ -210,9 +280,15 @@ fn unsupported_policies_are_not_converted() {
         convert_yaml(&with_spec("app", "  action: MAYBE\n")),
         Err(NotConverted::InvalidSpec(_))
     ));
-    let e = convert_yaml(&with_spec("app", "  targetRefs: [{kind: Service, group: \"\", name: web}]\n"));
+    let e = convert_yaml(&with_spec(
+        "app",
+        "  targetRefs: [{kind: Service, group: \"\", name: web}]\n",
+    ));
     assert_eq!(e.unwrap_err(), NotConverted::TargetRefs);
-    let e = convert_yaml(&with_spec("app", "  targetRef: {kind: Gateway, group: gateway.networking.k8s.io, name: wp}\n"));
+    let e = convert_yaml(&with_spec(
+        "app",
+        "  targetRef: {kind: Gateway, group: gateway.networking.k8s.io, name: wp}\n",
+    ));
     assert_eq!(e.unwrap_err(), NotConverted::TargetRefs);
     assert!(matches!(
         convert_yaml(&with_spec("app", "  rules: 5\n")),
@@ -229,9 +305,15 @@ fn invalid_values_are_skipped_with_warnings_and_nulls_are_absent() {
     ));
     assert_eq!(p.scope, Scope::Namespace);
     assert_eq!(p.rules[0][0][0].destination_ports, vec![80]);
-    assert_eq!(p.rules[0][1][0].source_ips, vec!["10.0.0.0/8".parse().unwrap()]);
+    assert_eq!(
+        p.rules[0][1][0].source_ips,
+        vec!["10.0.0.0/8".parse().unwrap()]
+    );
     assert_eq!(p.warnings.len(), 3, "{:?}", p.warnings);
-    assert!(p.warnings.iter().all(|w| w.starts_with("rules[0]: ignoring invalid")));
+    assert!(p
+        .warnings
+        .iter()
+        .all(|w| w.starts_with("rules[0]: ignoring invalid")));
 }
 
 #[test]
@@ -244,15 +326,24 @@ fn dry_run_annotation_and_dump_shape() {
     let json = serde_json::to_value(&p).unwrap();
     assert_eq!(json["scope"], "Namespace");
     assert_eq!(json["action"], "Deny");
-    assert!(json["warnings"][0].as_str().unwrap().contains("HTTP attributes"));
+    assert!(json["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("HTTP attributes"));
     let clean = policy(&with_spec("app", "  rules: [{}]\n"));
-    assert!(serde_json::to_value(&clean).unwrap().get("warnings").is_none());
+    assert!(serde_json::to_value(&clean)
+        .unwrap()
+        .get("warnings")
+        .is_none());
 }
 
 #[test]
 fn string_forms() {
     assert_eq!(string_match("*"), StringMatch::Presence);
-    assert_eq!(string_match("*.local"), StringMatch::Suffix(".local".into()));
+    assert_eq!(
+        string_match("*.local"),
+        StringMatch::Suffix(".local".into())
+    );
     assert_eq!(string_match("ns-*"), StringMatch::Prefix("ns-".into()));
     assert_eq!(string_match("exact"), exact("exact"));
 }

@@ -169,7 +169,8 @@ impl Rebuilder {
                     out.push(p);
                 }
                 Err(e) if first => {
-                    let policy = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+                    let policy =
+                        format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
                     match e {
                         policy::NotConverted::TargetRefs => {
                             debug!(%policy, "AuthorizationPolicy not enforced by ztunnel: {e}")

@@ -89,13 +89,19 @@ pub(super) fn spawn<K>(
                 }
                 Some(Err(e)) if if_absent == IfAbsent::Empty && is_not_found(&e) => {
                     if !absent_logged {
-                        warn!(kind, "not served by the API server (CRD not installed?); \
-                                     treating it as empty until it appears");
+                        warn!(
+                            kind,
+                            "not served by the API server (CRD not installed?); \
+                                     treating it as empty until it appears"
+                        );
                         absent_logged = true;
                     }
                     if !progress.synced.load(Ordering::SeqCst) {
                         progress.mark_synced();
                     }
+                }
+                Some(Err(e)) if is_expired(&e) => {
+                    debug!(kind, "resourceVersion expired (410); re-listing")
                 }
                 Some(Err(e)) => warn!(kind, error = %e, "watch failed; retrying with backoff"),
             }
@@ -104,11 +110,46 @@ pub(super) fn spawn<K>(
     });
 }
 
+/// `410 Gone` during a watch: normal after compaction; the watcher re-lists.
+fn is_expired(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::WatchError(status) => status.code == 410,
+        watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 410,
+        _ => false,
+    }
+}
+
 /// A 404 on the list: the resource type is not served.
 fn is_not_found(e: &watcher::Error) -> bool {
     match e {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn status(code: u16) -> Box<Status> {
+        Box::new(Status {
+            code,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn classifies_absent_kinds_and_expired_versions() {
+        let list_404 = watcher::Error::InitialListFailed(kube::Error::Api(status(404)));
+        assert!(is_not_found(&list_404));
+        assert!(!is_expired(&list_404));
+        let list_500 = watcher::Error::InitialListFailed(kube::Error::Api(status(500)));
+        assert!(!is_not_found(&list_500));
+        let gone = watcher::Error::WatchError(status(410));
+        assert!(is_expired(&gone));
+        assert!(!is_not_found(&gone));
     }
 }
