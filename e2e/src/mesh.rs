@@ -18,7 +18,10 @@ pub fn ca_init(dir: &Path) -> Result<()> {
         .arg(dir)
         .output()?;
     if !out.status.success() {
-        bail!("ztunnel ca init failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "ztunnel ca init failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(())
 }
@@ -27,7 +30,10 @@ pub fn ca_init(dir: &Path) -> Result<()> {
 pub fn binary(name: &str) -> Result<std::path::PathBuf> {
     let path = workspace_binary(name);
     if !path.exists() {
-        bail!("{} is missing: run `cargo build --workspace --bins` first (make test does)", path.display());
+        bail!(
+            "{} is missing: run `cargo build --workspace --bins` first (make test does)",
+            path.display()
+        );
     }
     Ok(path)
 }
@@ -46,7 +52,10 @@ pub fn start_dedicated_ztunnel(
         .env("XDS_ADDRESS", "")
         .env("CA_CERTS_DIR", ca_dir)
         .env("LOCAL_XDS_PATH", local_config)
-        .env("RUST_LOG", std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()));
+        .env(
+            "RUST_LOG",
+            std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        );
     let name = format!("ztunnel-{}", ns.name());
     let guard = ChildGuard::spawn(&name, cmd)?;
     wait_ready(ns, &guard)?;
@@ -69,7 +78,10 @@ pub fn start_shared_ztunnel(
         .env("XDS_ADDRESS", "")
         .env("CA_CERTS_DIR", ca_dir)
         .env("LOCAL_XDS_PATH", local_config)
-        .env("RUST_LOG", std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()));
+        .env(
+            "RUST_LOG",
+            std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        );
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -90,6 +102,21 @@ pub fn wait_ready(ns: &Netns, ztunnel: &ChildGuard) -> Result<()> {
 /// HTTP GET from inside `ns` (via `e2e-app get`); the body on a 200.
 pub fn http_get(ns: &Netns, url: &str) -> Result<String> {
     ns.stdout(&[binary("e2e-app")?.to_str().context("path")?, "get", url])
+}
+
+/// Runs `e2e-app send` in `ns`: `bytes` to a sink at `target`; returns the sink's
+/// JSON answer (bytes, SHA-256, the peer address it saw).
+pub fn send_from(ns: &Netns, target: &str, bytes: u64) -> Result<serde_json::Value> {
+    let app = binary("e2e-app")?;
+    let out = ns.stdout(&[
+        app.to_str().context("path")?,
+        "send",
+        "--connect",
+        target,
+        "--bytes",
+        &bytes.to_string(),
+    ])?;
+    Ok(serde_json::from_str(out.trim())?)
 }
 
 /// Prometheus text from ztunnel's metrics port in `ns`.

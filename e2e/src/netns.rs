@@ -61,11 +61,18 @@ impl Netns {
         std::thread::scope(|scope| {
             scope
                 .spawn(move || {
-                    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+                    let file = std::fs::File::open(&path)
+                        .with_context(|| format!("opening {}", path.display()))?;
                     // SAFETY: setns on an fd we own; it affects only this thread.
-                    let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+                    let rc = unsafe {
+                        libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET)
+                    };
                     if rc != 0 {
-                        bail!("setns {}: {}", path.display(), std::io::Error::last_os_error());
+                        bail!(
+                            "setns {}: {}",
+                            path.display(),
+                            std::io::Error::last_os_error()
+                        );
                     }
                     Ok(f())
                 })
@@ -83,7 +90,9 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         // Deleting the namespace destroys the veth ends and rules inside it.
-        let _ = Command::new("ip").args(["netns", "delete", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.name])
+            .output();
     }
 }
 
@@ -93,7 +102,19 @@ pub fn link(a: &Netns, a_addr: &str, b: &Netns, b_addr: &str) -> Result<()> {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // Created inside `a` and moved, so no link ever appears in the root namespace.
     let (a_if, b_if) = (format!("va{n}"), format!("vb{n}"));
-    a.exec(&["ip", "link", "add", &a_if, "type", "veth", "peer", "name", &b_if, "netns", b.name()])?;
+    a.exec(&[
+        "ip",
+        "link",
+        "add",
+        &a_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &b_if,
+        "netns",
+        b.name(),
+    ])?;
     a.exec(&["ip", "addr", "add", a_addr, "dev", &a_if])?;
     a.exec(&["ip", "link", "set", &a_if, "up"])?;
     b.exec(&["ip", "addr", "add", b_addr, "dev", &b_if])?;

@@ -24,7 +24,14 @@ impl Node {
     pub fn new(tag: &str, index: u8) -> Result<Self> {
         let ns = Netns::new(&format!("{tag}n{index}"))?;
         ns.exec(&["ip", "link", "add", "br0", "type", "bridge"])?;
-        ns.exec(&["ip", "addr", "add", &format!("10.244.{index}.1/24"), "dev", "br0"])?;
+        ns.exec(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.244.{index}.1/24"),
+            "dev",
+            "br0",
+        ])?;
         ns.exec(&["ip", "link", "set", "br0", "up"])?;
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
         Ok(Node {
@@ -36,15 +43,37 @@ impl Node {
 
     /// Creates a pod namespace attached to this node's bridge.
     pub fn add_pod(&self, tag: &str, name: &str) -> Result<Pod> {
-        let n = self.next_pod.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = self
+            .next_pod
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ip = format!("10.244.{}.{n}", self.index);
         let ns = Netns::new(&format!("{tag}{name}"))?;
         let host_if = format!("vp{n}");
-        self.ns.exec(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", ns.name()])?;
-        self.ns.exec(&["ip", "link", "set", &host_if, "master", "br0", "up"])?;
+        self.ns.exec(&[
+            "ip",
+            "link",
+            "add",
+            &host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            ns.name(),
+        ])?;
+        self.ns
+            .exec(&["ip", "link", "set", &host_if, "master", "br0", "up"])?;
         ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
         ns.exec(&["ip", "link", "set", "eth0", "up"])?;
-        ns.exec(&["ip", "route", "add", "default", "via", &format!("10.244.{}.1", self.index)])?;
+        ns.exec(&[
+            "ip",
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("10.244.{}.1", self.index),
+        ])?;
         Ok(Pod {
             name: name.to_owned(),
             ip,
@@ -58,13 +87,39 @@ pub fn connect_nodes(a: &Node, b: &Node) -> Result<()> {
     let (a_ip, b_ip) = (format!("10.0.{}.1", b.index), format!("10.0.{}.2", b.index));
     let a_if = format!("nd{}", b.index);
     let b_if = format!("nd{}", a.index);
-    a.ns.exec(&["ip", "link", "add", &a_if, "type", "veth", "peer", "name", &b_if, "netns", b.ns.name()])?;
+    a.ns.exec(&[
+        "ip",
+        "link",
+        "add",
+        &a_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &b_if,
+        "netns",
+        b.ns.name(),
+    ])?;
     a.ns.exec(&["ip", "addr", "add", &format!("{a_ip}/30"), "dev", &a_if])?;
     a.ns.exec(&["ip", "link", "set", &a_if, "up"])?;
     b.ns.exec(&["ip", "addr", "add", &format!("{b_ip}/30"), "dev", &b_if])?;
     b.ns.exec(&["ip", "link", "set", &b_if, "up"])?;
-    a.ns.exec(&["ip", "route", "add", &format!("10.244.{}.0/24", b.index), "via", &b_ip])?;
-    b.ns.exec(&["ip", "route", "add", &format!("10.244.{}.0/24", a.index), "via", &a_ip])?;
+    a.ns.exec(&[
+        "ip",
+        "route",
+        "add",
+        &format!("10.244.{}.0/24", b.index),
+        "via",
+        &b_ip,
+    ])?;
+    b.ns.exec(&[
+        "ip",
+        "route",
+        "add",
+        &format!("10.244.{}.0/24", a.index),
+        "via",
+        &a_ip,
+    ])?;
     Ok(())
 }
 
@@ -112,8 +167,28 @@ impl Pod {
         if !child.wait()?.success() {
             anyhow::bail!("iptables-restore failed in {}", self.ns.name());
         }
-        self.ns.exec(&["ip", "rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100"])?;
-        self.ns.exec(&["ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"])?;
+        self.ns.exec(&[
+            "ip",
+            "rule",
+            "add",
+            "fwmark",
+            "0x111/0xfff",
+            "pref",
+            "32764",
+            "lookup",
+            "100",
+        ])?;
+        self.ns.exec(&[
+            "ip",
+            "route",
+            "add",
+            "local",
+            "0.0.0.0/0",
+            "dev",
+            "lo",
+            "table",
+            "100",
+        ])?;
         Ok(())
     }
 }

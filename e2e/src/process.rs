@@ -21,7 +21,9 @@ impl ChildGuard {
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        let child = cmd.spawn().with_context(|| format!("starting {name}: {cmd:?}"))?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name}: {cmd:?}"))?;
         Ok(ChildGuard {
             name: name.to_owned(),
             child: Some(child),
@@ -29,7 +31,11 @@ impl ChildGuard {
     }
 
     fn log_path_for(name: &str) -> std::path::PathBuf {
-        std::env::temp_dir().join(format!("{}{}-{name}.log", crate::netns::PREFIX, std::process::id()))
+        std::env::temp_dir().join(format!(
+            "{}{}-{name}.log",
+            crate::netns::PREFIX,
+            std::process::id()
+        ))
     }
 
     pub fn pid(&self) -> u32 {
@@ -80,7 +86,11 @@ impl Drop for ChildGuard {
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, or fails after `timeout`.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Result<T> {
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check() {

@@ -30,7 +30,11 @@ pub const DIRECT_ECHO_PORT: u16 = 9101;
 /// Istio's local-config format, as written for Istio's own ztunnel. `policies` is
 /// a YAML block list (empty for none).
 pub fn local_config(policies: &str) -> String {
-    let policies = if policies.trim().is_empty() { "[]" } else { policies };
+    let policies = if policies.trim().is_empty() {
+        "[]"
+    } else {
+        policies
+    };
     let policies_sep = if policies.starts_with('-') { "\n" } else { "" };
     format!(
         r#"workloads:
@@ -85,7 +89,12 @@ impl Standalone {
 
         let a = Netns::new(&format!("{tag}a"))?;
         let b = Netns::new(&format!("{tag}b"))?;
-        link(&a, &format!("{CLIENT_IP}/24"), &b, &format!("{SERVER_IP}/24"))?;
+        link(
+            &a,
+            &format!("{CLIENT_IP}/24"),
+            &b,
+            &format!("{SERVER_IP}/24"),
+        )?;
         // The VIP range is routed towards B, like a ClusterIP range: only capture
         // gives it meaning.
         let a_dev = veth_name(&a)?;
@@ -94,7 +103,8 @@ impl Standalone {
         let ztunnel_b = mesh::start_dedicated_ztunnel(&b, "vms/server-vm/server", &ca, &config)?;
         let ztunnel_a = mesh::start_dedicated_ztunnel(&a, "vms/client-vm/client", &ca, &config)?;
         let ztunnel = mesh::binary("ztunnel")?;
-        let (direct_sink, direct_echo) = (DIRECT_SINK_PORT.to_string(), DIRECT_ECHO_PORT.to_string());
+        let (direct_sink, direct_echo) =
+            (DIRECT_SINK_PORT.to_string(), DIRECT_ECHO_PORT.to_string());
         a.exec(&[
             ztunnel.to_str().context("path")?,
             "capture",
@@ -117,7 +127,10 @@ impl Standalone {
         ] {
             let mut cmd = b.command(app.to_str().context("path")?);
             cmd.args([mode, "--listen", &format!("0.0.0.0:{port}")]);
-            apps.push(ChildGuard::spawn(&format!("{mode}{port}-{}", b.name()), cmd)?);
+            apps.push(ChildGuard::spawn(
+                &format!("{mode}{port}-{}", b.name()),
+                cmd,
+            )?);
         }
         let topology = Standalone {
             apps,
@@ -136,16 +149,7 @@ impl Standalone {
 
     /// Runs `e2e-app send` in A; returns the sink's JSON answer.
     pub fn send(&self, target: &str, bytes: u64) -> Result<serde_json::Value> {
-        let app = mesh::binary("e2e-app")?;
-        let out = self.a.stdout(&[
-            app.to_str().context("path")?,
-            "send",
-            "--connect",
-            target,
-            "--bytes",
-            &bytes.to_string(),
-        ])?;
-        Ok(serde_json::from_str(out.trim())?)
+        mesh::send_from(&self.a, target, bytes)
     }
 
     /// Rewrites the local config with `policies` (YAML list), write-then-rename as

@@ -68,13 +68,21 @@ impl FakeAgent {
 
     /// Waits until `n` ztunnel connections have said hello and got their snapshot.
     pub fn wait_for_hellos(&self, n: usize, timeout: Duration) -> Result<()> {
-        crate::process::wait_for("ztunnel to connect over ZDS", timeout, || (self.hellos() >= n).then_some(()))
+        crate::process::wait_for("ztunnel to connect over ZDS", timeout, || {
+            (self.hellos() >= n).then_some(())
+        })
     }
 
     /// Sends an `add` with the pod's netns to the newest connection; returns the
     /// ack (Ok) or the nack's reason (Err) and the time to the answer.
-    pub fn add(&self, uid: &str, info: WorkloadInfo, netns: &Path) -> Result<(Result<(), String>, Duration)> {
-        let file = std::fs::File::open(netns).with_context(|| format!("opening {}", netns.display()))?;
+    pub fn add(
+        &self,
+        uid: &str,
+        info: WorkloadInfo,
+        netns: &Path,
+    ) -> Result<(Result<(), String>, Duration)> {
+        let file =
+            std::fs::File::open(netns).with_context(|| format!("opening {}", netns.display()))?;
         let request = WorkloadRequest::add(uid, info.clone()).encode_to_vec();
         let started = Instant::now();
         let answer = self.request_newest(&request, Some(file.into()))?;
@@ -96,7 +104,9 @@ impl FakeAgent {
         self.inner.lock().unwrap().pods.remove(uid);
         let request = WorkloadRequest::del(uid).encode_to_vec();
         for connection in self.connections() {
-            let answer = self.runtime.block_on(exchange(&connection, &request, None))?;
+            let answer = self
+                .runtime
+                .block_on(exchange(&connection, &request, None))?;
             if let Err(reason) = answer {
                 bail!("del {uid} was refused: {reason}");
             }
@@ -136,12 +146,22 @@ async fn greet(stream: SeqpacketStream, inner: Arc<Mutex<Inner>>) -> Result<()> 
     for (uid, pod) in pods {
         let request = WorkloadRequest::add(&uid, pod.info.clone()).encode_to_vec();
         let fd: Option<OwnedFd> = std::fs::File::open(&pod.netns).ok().map(Into::into);
-        let request = if fd.is_some() { request } else { WorkloadRequest::keep(&uid).encode_to_vec() };
+        let request = if fd.is_some() {
+            request
+        } else {
+            WorkloadRequest::keep(&uid).encode_to_vec()
+        };
         if let Err(reason) = exchange(&connection, &request, fd).await? {
             eprintln!("fake agent: replay of {uid} refused: {reason}");
         }
     }
-    if let Err(reason) = exchange(&connection, &WorkloadRequest::snapshot_sent().encode_to_vec(), None).await? {
+    if let Err(reason) = exchange(
+        &connection,
+        &WorkloadRequest::snapshot_sent().encode_to_vec(),
+        None,
+    )
+    .await?
+    {
         bail!("snapshot_sent refused: {reason}");
     }
     let mut inner = inner.lock().unwrap();
@@ -156,7 +176,9 @@ async fn exchange(
     fd: Option<OwnedFd>,
 ) -> Result<Result<(), String>> {
     let connection = connection.lock().await;
-    connection.send(bytes, fd.as_ref().map(|f| f.as_fd())).await?;
+    connection
+        .send(bytes, fd.as_ref().map(|f| f.as_fd()))
+        .await?;
     let mut buf = [0u8; 1024];
     let answer = tokio::time::timeout(Duration::from_secs(10), connection.recv(&mut buf))
         .await

@@ -80,13 +80,20 @@ impl Cluster {
         cluster.enroll(1, &cluster.server, "server")?;
         for pod in [&cluster.local_server, &cluster.server] {
             for (mode, port) in [("sink", "9000"), ("echo", "9001")] {
-                let mut cmd = pod.ns.command(mesh::binary("e2e-app")?.to_str().context("path")?);
+                let mut cmd = pod
+                    .ns
+                    .command(mesh::binary("e2e-app")?.to_str().context("path")?);
                 cmd.args([mode, "--listen", &format!("0.0.0.0:{port}")]);
-                cluster.apps.push(ChildGuard::spawn(&format!("{mode}-{}", pod.ns.name()), cmd)?);
+                cluster.apps.push(ChildGuard::spawn(
+                    &format!("{mode}-{}", pod.ns.name()),
+                    cmd,
+                )?);
             }
         }
         let target = format!("{}:9000", cluster.server.ip);
-        wait_for("the apps", Duration::from_secs(10), || cluster.send(&target, 1).ok())?;
+        wait_for("the apps", Duration::from_secs(10), || {
+            cluster.send(&target, 1).ok()
+        })?;
         Ok(cluster)
     }
 
@@ -102,22 +109,14 @@ impl Cluster {
     }
 
     fn enroll(&self, node: usize, pod: &Pod, sa: &str) -> Result<()> {
-        let (answer, _) = self.agents[node].add(&format!("uid-{}", pod.name), info(pod, sa), &pod.ns.path())?;
+        let (answer, _) =
+            self.agents[node].add(&format!("uid-{}", pod.name), info(pod, sa), &pod.ns.path())?;
         answer.map_err(|reason| anyhow::anyhow!("ztunnel refused {}: {reason}", pod.name))
     }
 
     /// `e2e-app send` from the client pod; returns the sink's JSON answer.
     fn send(&self, target: &str, bytes: u64) -> Result<serde_json::Value> {
-        let app = mesh::binary("e2e-app")?;
-        let out = self.client.ns.stdout(&[
-            app.to_str().context("path")?,
-            "send",
-            "--connect",
-            target,
-            "--bytes",
-            &bytes.to_string(),
-        ])?;
-        Ok(serde_json::from_str(out.trim())?)
+        mesh::send_from(&self.client.ns, target, bytes)
     }
 }
 
@@ -136,15 +135,25 @@ fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
     // Across nodes.
     let answer = cluster.send(&format!("{}:9000", cluster.server.ip), SIZE)?;
     let peer = answer["peer"].as_str().unwrap_or_default();
-    assert!(peer.starts_with(&format!("{}:", cluster.client.ip)), "server saw {peer}");
+    assert!(
+        peer.starts_with(&format!("{}:", cluster.client.ip)),
+        "server saw {peer}"
+    );
     // On the same node.
     let answer = cluster.send(&format!("{}:9000", cluster.local_server.ip), SIZE)?;
     let peer = answer["peer"].as_str().unwrap_or_default();
-    assert!(peer.starts_with(&format!("{}:", cluster.client.ip)), "server saw {peer}");
+    assert!(
+        peer.starts_with(&format!("{}:", cluster.client.ip)),
+        "server saw {peer}"
+    );
 
     let node1 = ztunnel_metrics(&cluster.nodes[0].ns)?;
     let node2 = ztunnel_metrics(&cluster.nodes[1].ns)?;
-    let ids = [("source_principal", CLIENT), ("destination_principal", SERVER), ("connection_security_policy", "mutual_tls")];
+    let ids = [
+        ("source_principal", CLIENT),
+        ("destination_principal", SERVER),
+        ("connection_security_policy", "mutual_tls"),
+    ];
     let with = |reporter, extra: &[(&'static str, &'static str)]| {
         let mut labels = vec![("reporter", reporter)];
         labels.extend(ids);
@@ -152,20 +161,41 @@ fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
         labels
     };
     // Node 1 reports both connections as source, and the same-node one as destination.
-    assert!(metric_sum(&node1, "istio_tcp_received_bytes_total", &with("source", &[])) >= 2.0 * SIZE as f64, "{node1}");
     assert!(
-        metric_sum(&node1, "istio_tcp_received_bytes_total", &with("destination", &[("destination_workload", "local-server")])) >= SIZE as f64,
+        metric_sum(
+            &node1,
+            "istio_tcp_received_bytes_total",
+            &with("source", &[])
+        ) >= 2.0 * SIZE as f64,
         "{node1}"
     );
     assert!(
-        metric_sum(&node2, "istio_tcp_received_bytes_total", &with("destination", &[("destination_workload", "server")])) >= SIZE as f64,
+        metric_sum(
+            &node1,
+            "istio_tcp_received_bytes_total",
+            &with("destination", &[("destination_workload", "local-server")])
+        ) >= SIZE as f64,
+        "{node1}"
+    );
+    assert!(
+        metric_sum(
+            &node2,
+            "istio_tcp_received_bytes_total",
+            &with("destination", &[("destination_workload", "server")])
+        ) >= SIZE as f64,
         "{node2}"
     );
 
     // The pods' listeners live in the pods' namespaces, none in the node's.
     for port in [":15001", ":15006", ":15008"] {
-        assert!(listening_ports(&cluster.server.ns)?.contains(port), "server pod lacks {port}");
-        assert!(!listening_ports(&cluster.nodes[1].ns)?.contains(port), "node namespace has {port}");
+        assert!(
+            listening_ports(&cluster.server.ns)?.contains(port),
+            "server pod lacks {port}"
+        );
+        assert!(
+            !listening_ports(&cluster.nodes[1].ns)?.contains(port),
+            "node namespace has {port}"
+        );
     }
     Ok(())
 }
@@ -178,22 +208,43 @@ fn a_deleted_pod_is_drained_and_its_listeners_removed() -> Result<()> {
     let cluster = Cluster::new("del")?;
     let app = mesh::binary("e2e-app")?;
     let mut cmd = cluster.client.ns.command(app.to_str().context("path")?);
-    cmd.args(["ping", "--connect", &format!("{}:9001", cluster.server.ip), "--count", "100000", "--interval-ms", "10"]);
+    cmd.args([
+        "ping",
+        "--connect",
+        &format!("{}:9001", cluster.server.ip),
+        "--count",
+        "100000",
+        "--interval-ms",
+        "10",
+    ]);
     let mut pinger = ChildGuard::spawn("del-ping", cmd)?;
     wait_for("the long-lived connection", Duration::from_secs(10), || {
         let node2 = ztunnel_metrics(&cluster.nodes[1].ns).ok()?;
-        (metric_sum(&node2, "istio_tcp_received_bytes_total", &[("reporter", "destination")]) > 640.0).then_some(())
+        (metric_sum(
+            &node2,
+            "istio_tcp_received_bytes_total",
+            &[("reporter", "destination")],
+        ) > 640.0)
+            .then_some(())
     })?;
 
     cluster.agents[1].del("uid-server")?;
     let ports = listening_ports(&cluster.server.ns)?;
-    assert!(!ports.contains(":15008") && !ports.contains(":15001"), "listeners left behind:\n{ports}");
+    assert!(
+        !ports.contains(":15008") && !ports.contains(":15001"),
+        "listeners left behind:\n{ports}"
+    );
     // Its connections drain (deadline 1 s in this test), then close; none leak.
-    let status = pinger.wait_timeout(Duration::from_secs(10)).context("the connection was not closed")?;
+    let status = pinger
+        .wait_timeout(Duration::from_secs(10))
+        .context("the connection was not closed")?;
     assert_eq!(status.code(), Some(3), "{}", pinger.log());
     wait_for("connections to close", Duration::from_secs(5), || {
         let node2 = ztunnel_metrics(&cluster.nodes[1].ns).ok()?;
-        let labels = [("reporter", "destination"), ("destination_workload", "server")];
+        let labels = [
+            ("reporter", "destination"),
+            ("destination_workload", "server"),
+        ];
         let opened = metric_sum(&node2, "istio_tcp_connections_opened_total", &labels);
         let closed = metric_sum(&node2, "istio_tcp_connections_closed_total", &labels);
         (opened >= 1.0 && opened == closed).then_some(())
@@ -212,7 +263,9 @@ fn a_restarted_ztunnel_gets_its_pods_back_from_the_snapshot() -> Result<()> {
     let mut cluster = Cluster::new("rst")?;
     for node in 0..2 {
         // Kill (not drain) ztunnel and start a new one: the agent replays its pods.
-        cluster.ztunnels[node].take().map(|mut z| z.kill());
+        if let Some(mut ztunnel) = cluster.ztunnels[node].take() {
+            ztunnel.kill();
+        }
         cluster.ztunnels[node] = Some(cluster.start_ztunnel(node)?);
     }
     cluster.agents[0].wait_for_hellos(2, Duration::from_secs(10))?;
@@ -222,7 +275,13 @@ fn a_restarted_ztunnel_gets_its_pods_back_from_the_snapshot() -> Result<()> {
     let answer = cluster.send(&format!("{}:9000", cluster.server.ip), 1 << 20)?;
     assert_eq!(answer["bytes"], 1 << 20);
     let node2 = ztunnel_metrics(&cluster.nodes[1].ns)?;
-    assert!(metric_sum(&node2, "istio_tcp_received_bytes_total", &[("reporter", "destination"), ("source_principal", CLIENT)]) >= (1 << 20) as f64);
+    assert!(
+        metric_sum(
+            &node2,
+            "istio_tcp_received_bytes_total",
+            &[("reporter", "destination"), ("source_principal", CLIENT)]
+        ) >= (1 << 20) as f64
+    );
     Ok(())
 }
 
@@ -235,18 +294,32 @@ fn malformed_zds_requests_are_nacked_and_ztunnel_keeps_serving() -> Result<()> {
     use shared_types::zds::WorkloadRequest;
     let cluster = Cluster::new("bad")?;
     let agent = &cluster.agents[0];
-    let null = || -> Option<std::os::fd::OwnedFd> { Some(std::fs::File::open("/dev/null").unwrap().into()) };
+    let null = || -> Option<std::os::fd::OwnedFd> {
+        Some(std::fs::File::open("/dev/null").unwrap().into())
+    };
     let nack = |answer: Result<(), String>, needle: &str| match answer {
-        Err(reason) => assert!(reason.contains(needle), "nack {reason:?} should mention {needle:?}"),
+        Err(reason) => assert!(
+            reason.contains(needle),
+            "nack {reason:?} should mention {needle:?}"
+        ),
         Ok(()) => panic!("expected a nack mentioning {needle:?}"),
     };
-    nack(agent.send_raw(&[0xff, 0xff, 0xff, 0xff], None)?, "undecodable");
+    nack(
+        agent.send_raw(&[0xff, 0xff, 0xff, 0xff], None)?,
+        "undecodable",
+    );
     nack(agent.send_raw(&[0x0a; 2048], None)?, "truncated");
     let add = WorkloadRequest::add("uid-x", info(&cluster.client, "client")).encode_to_vec();
     nack(agent.send_raw(&add, None)?, "no netns file descriptor");
     nack(agent.send_raw(&add, null())?, "not a namespace");
-    nack(agent.send_raw(&WorkloadRequest::del("uid-x").encode_to_vec(), null())?, "must not carry a file descriptor");
-    nack(agent.send_raw(&WorkloadRequest::snapshot_sent().encode_to_vec(), None)?, "twice");
+    nack(
+        agent.send_raw(&WorkloadRequest::del("uid-x").encode_to_vec(), null())?,
+        "must not carry a file descriptor",
+    );
+    nack(
+        agent.send_raw(&WorkloadRequest::snapshot_sent().encode_to_vec(), None)?,
+        "twice",
+    );
     // Still serving, and still accepting good requests on the same connection.
     let answer = cluster.send(&format!("{}:9000", cluster.server.ip), 4096)?;
     assert_eq!(answer["bytes"], 4096);

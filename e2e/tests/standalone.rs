@@ -30,8 +30,14 @@ fn hundred_megabytes_cross_hbone_with_spiffe_identities() -> Result<()> {
     src_labels.extend(identities);
     let mut dst_labels = vec![("reporter", "destination")];
     dst_labels.extend(identities);
-    assert!(metric_sum(&source, "istio_tcp_received_bytes_total", &src_labels) >= SIZE as f64, "{source}");
-    assert!(metric_sum(&dest, "istio_tcp_received_bytes_total", &dst_labels) >= SIZE as f64, "{dest}");
+    assert!(
+        metric_sum(&source, "istio_tcp_received_bytes_total", &src_labels) >= SIZE as f64,
+        "{source}"
+    );
+    assert!(
+        metric_sum(&dest, "istio_tcp_received_bytes_total", &dst_labels) >= SIZE as f64,
+        "{dest}"
+    );
     assert!(metric_sum(&dest, "istio_tcp_connections_opened_total", &dst_labels) >= 1.0);
     assert_eq!(
         metric_sum(&dest, "istio_tcp_connections_opened_total", &dst_labels),
@@ -44,11 +50,19 @@ fn hundred_megabytes_cross_hbone_with_spiffe_identities() -> Result<()> {
     assert_eq!(answer["bytes"], 4096);
     let source = ztunnel_metrics(&mesh.a)?;
     assert!(
-        metric_sum(&source, "istio_tcp_connections_opened_total", &[("destination_service", "echo.vms.svc.cluster.local")]) >= 1.0,
+        metric_sum(
+            &source,
+            "istio_tcp_connections_opened_total",
+            &[("destination_service", "echo.vms.svc.cluster.local")]
+        ) >= 1.0,
         "{source}"
     );
     // The pool reused one HBONE connection for all of this.
-    assert_eq!(metric_sum(&source, "ztunnel_hbone_pool_connections", &[]), 1.0, "{source}");
+    assert_eq!(
+        metric_sum(&source, "ztunnel_hbone_pool_connections", &[]),
+        1.0,
+        "{source}"
+    );
     Ok(())
 }
 
@@ -60,12 +74,29 @@ fn deny_policy_closes_live_connections_and_is_counted() -> Result<()> {
     let mesh = Standalone::new("s2")?;
     let app = mesh::binary("e2e-app")?;
     let mut cmd = mesh.a.command(app.to_str().unwrap());
-    cmd.args(["ping", "--connect", &format!("{SERVER_IP}:9001"), "--count", "100000", "--interval-ms", "10"]);
+    cmd.args([
+        "ping",
+        "--connect",
+        &format!("{SERVER_IP}:9001"),
+        "--count",
+        "100000",
+        "--interval-ms",
+        "10",
+    ]);
     let mut pinger = ChildGuard::spawn(&format!("ping-{}", mesh.a.name()), cmd)?;
-    wait_for("the long-lived connection to be up", Duration::from_secs(10), || {
-        let dest = ztunnel_metrics(&mesh.b).ok()?;
-        (metric_sum(&dest, "istio_tcp_received_bytes_total", &[("reporter", "destination")]) > 64.0).then_some(())
-    })?;
+    wait_for(
+        "the long-lived connection to be up",
+        Duration::from_secs(10),
+        || {
+            let dest = ztunnel_metrics(&mesh.b).ok()?;
+            (metric_sum(
+                &dest,
+                "istio_tcp_received_bytes_total",
+                &[("reporter", "destination")],
+            ) > 64.0)
+                .then_some(())
+        },
+    )?;
 
     mesh.set_policies(
         r#"- name: deny-client
@@ -79,22 +110,49 @@ fn deny_policy_closes_live_connections_and_is_counted() -> Result<()> {
     let status = pinger
         .wait_timeout(Duration::from_secs(10))
         .expect("the live connection was closed after the policy change");
-    assert_eq!(status.code(), Some(3), "ping saw its connection closed: {}", pinger.log());
-    assert!(mesh.send(&format!("{SERVER_IP}:9000"), 10).is_err(), "new connections are denied");
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "ping saw its connection closed: {}",
+        pinger.log()
+    );
+    assert!(
+        mesh.send(&format!("{SERVER_IP}:9000"), 10).is_err(),
+        "new connections are denied"
+    );
 
     let dest = ztunnel_metrics(&mesh.b)?;
-    assert!(metric_sum(&dest, "ztunnel_policy_revoked_connections_total", &[]) >= 1.0, "{dest}");
-    assert!(metric_sum(&dest, "ztunnel_errors_total", &[("reason", "policy_denied")]) >= 1.0, "{dest}");
     assert!(
-        metric_sum(&dest, "istio_tcp_connections_failed_total", &[("response_flags", "DENY"), ("source_principal", CLIENT_PRINCIPAL)]) >= 1.0,
+        metric_sum(&dest, "ztunnel_policy_revoked_connections_total", &[]) >= 1.0,
+        "{dest}"
+    );
+    assert!(
+        metric_sum(
+            &dest,
+            "ztunnel_errors_total",
+            &[("reason", "policy_denied")]
+        ) >= 1.0,
+        "{dest}"
+    );
+    assert!(
+        metric_sum(
+            &dest,
+            "istio_tcp_connections_failed_total",
+            &[
+                ("response_flags", "DENY"),
+                ("source_principal", CLIENT_PRINCIPAL)
+            ]
+        ) >= 1.0,
         "{dest}"
     );
 
     // Lifting the policy lets traffic through again.
     mesh.set_policies("")?;
-    wait_for("traffic after the policy is lifted", Duration::from_secs(10), || {
-        mesh.send(&format!("{SERVER_IP}:9000"), 10).ok()
-    })?;
+    wait_for(
+        "traffic after the policy is lifted",
+        Duration::from_secs(10),
+        || mesh.send(&format!("{SERVER_IP}:9000"), 10).ok(),
+    )?;
     Ok(())
 }
 
@@ -110,14 +168,32 @@ fn capture_rules_apply_idempotently_and_remove_cleanly() -> Result<()> {
     ns.exec(&[ztunnel, "capture", "apply", "--exclude-port", "22"])?;
     ns.exec(&[ztunnel, "capture", "apply", "--exclude-port", "22"])?;
     let rules = ns.stdout(&["iptables-save", "-t", "nat"])?;
-    assert_eq!(rules.matches("-A OUTPUT -p tcp -j ISTIO_OUTPUT").count(), 1, "{rules}");
-    assert!(rules.contains("-A ISTIO_OUTPUT -m mark --mark 0x539/0xfff -j RETURN"), "{rules}");
-    assert!(rules.contains("-A ISTIO_OUTPUT -p tcp -m tcp --dport 22 -j RETURN"), "{rules}");
-    assert!(rules.contains("-A ISTIO_OUTPUT -p tcp -j REDIRECT --to-ports 15001"), "{rules}");
+    assert_eq!(
+        rules.matches("-A OUTPUT -p tcp -j ISTIO_OUTPUT").count(),
+        1,
+        "{rules}"
+    );
+    assert!(
+        rules.contains("-A ISTIO_OUTPUT -m mark --mark 0x539/0xfff -j RETURN"),
+        "{rules}"
+    );
+    assert!(
+        rules.contains("-A ISTIO_OUTPUT -p tcp -m tcp --dport 22 -j RETURN"),
+        "{rules}"
+    );
+    assert!(
+        rules.contains("-A ISTIO_OUTPUT -p tcp -j REDIRECT --to-ports 15001"),
+        "{rules}"
+    );
     ns.exec(&[ztunnel, "capture", "remove"])?;
     let after = ns.stdout(&["iptables-save", "-t", "nat"])?;
     assert!(!after.contains("ISTIO"), "{after}");
-    let strip = |s: &str| s.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n");
+    let strip = |s: &str| {
+        s.lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     assert_eq!(strip(&before), strip(&after));
     Ok(())
 }

@@ -106,10 +106,14 @@ impl WorkloadRequest {
         }))
     }
     pub fn del(uid: impl Into<String>) -> Self {
-        Self::with(workload_request::Payload::Del(DelWorkload { uid: uid.into() }))
+        Self::with(workload_request::Payload::Del(DelWorkload {
+            uid: uid.into(),
+        }))
     }
     pub fn keep(uid: impl Into<String>) -> Self {
-        Self::with(workload_request::Payload::Keep(KeepWorkload { uid: uid.into() }))
+        Self::with(workload_request::Payload::Keep(KeepWorkload {
+            uid: uid.into(),
+        }))
     }
     pub fn snapshot_sent() -> Self {
         Self::with(workload_request::Payload::SnapshotSent(SnapshotSent {}))
@@ -128,7 +132,9 @@ impl WorkloadResponse {
     /// A refusal; `error` says why.
     pub fn nack(error: impl Into<String>) -> Self {
         WorkloadResponse {
-            payload: Some(workload_response::Payload::Ack(Ack { error: error.into() })),
+            payload: Some(workload_response::Payload::Ack(Ack {
+                error: error.into(),
+            })),
         }
     }
     /// `Ok` for an ack, `Err(reason)` for a nack or an empty response.
@@ -158,11 +164,20 @@ mod tests {
     fn wire_bytes_match_istio() {
         assert_eq!(ZdsHello::v1().encode_to_vec(), [0x08, 0x01]);
         assert_eq!(WorkloadResponse::ack().encode_to_vec(), [0x0a, 0x00]);
-        assert_eq!(WorkloadRequest::snapshot_sent().encode_to_vec(), [0x1a, 0x00]);
+        assert_eq!(
+            WorkloadRequest::snapshot_sent().encode_to_vec(),
+            [0x1a, 0x00]
+        );
         // DelWorkload's uid is field 2: 0x12 (del) len, 0x12 (uid) len "u1".
-        assert_eq!(WorkloadRequest::del("u1").encode_to_vec(), [0x12, 0x04, 0x12, 0x02, b'u', b'1']);
+        assert_eq!(
+            WorkloadRequest::del("u1").encode_to_vec(),
+            [0x12, 0x04, 0x12, 0x02, b'u', b'1']
+        );
         // KeepWorkload is oneof tag 5.
-        assert_eq!(WorkloadRequest::keep("u").encode_to_vec(), [0x2a, 0x03, 0x0a, 0x01, b'u']);
+        assert_eq!(
+            WorkloadRequest::keep("u").encode_to_vec(),
+            [0x2a, 0x03, 0x0a, 0x01, b'u']
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use nix::sys::socket::{
-    accept4, bind, connect, listen, recvmsg, sendmsg, socket, AddressFamily, Backlog, ControlMessage,
-    ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+    accept4, bind, connect, listen, recvmsg, sendmsg, socket, AddressFamily, Backlog,
+    ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
 };
 use tokio::io::unix::AsyncFd;
 
@@ -71,9 +71,18 @@ impl SeqpacketStream {
                 } else {
                     vec![ControlMessage::ScmRights(&raw)]
                 };
-                let sent = sendmsg::<()>(inner.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+                let sent = sendmsg::<()>(
+                    inner.as_raw_fd(),
+                    &iov,
+                    &cmsgs,
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )?;
                 if sent != data.len() {
-                    return Err(io::Error::new(io::ErrorKind::WriteZero, "short seqpacket send"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "short seqpacket send",
+                    ));
                 }
                 Ok(())
             });
@@ -121,12 +130,17 @@ fn recv_once(fd: RawFd, buf: &mut [u8]) -> io::Result<Datagram> {
     for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(received) = c {
             // SAFETY: the kernel just installed these fds in our table; we own them.
-            fds.extend(received.into_iter().map(|raw| unsafe { OwnedFd::from_raw_fd(raw) }));
+            fds.extend(
+                received
+                    .into_iter()
+                    .map(|raw| unsafe { OwnedFd::from_raw_fd(raw) }),
+            );
         }
     }
     Ok(Datagram {
         len: msg.bytes,
-        truncated: msg.flags.contains(MsgFlags::MSG_TRUNC) || msg.flags.contains(MsgFlags::MSG_CTRUNC),
+        truncated: msg.flags.contains(MsgFlags::MSG_TRUNC)
+            || msg.flags.contains(MsgFlags::MSG_CTRUNC),
         fds,
     })
 }
@@ -149,7 +163,10 @@ impl SeqpacketListener {
         loop {
             let mut guard = self.fd.readable().await?;
             let result = guard.try_io(|inner| {
-                let raw = accept4(inner.as_raw_fd(), SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC)?;
+                let raw = accept4(
+                    inner.as_raw_fd(),
+                    SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+                )?;
                 // SAFETY: accept4 returned a new fd that nothing else owns.
                 Ok(unsafe { OwnedFd::from_raw_fd(raw) })
             });
@@ -183,7 +200,11 @@ mod tests {
         assert!(got.truncated, "a 64-byte datagram does not fit in 16 bytes");
 
         drop(a);
-        assert_eq!(b.recv(&mut buf).await.unwrap().len, 0, "EOF when the peer closes");
+        assert_eq!(
+            b.recv(&mut buf).await.unwrap().len,
+            0,
+            "EOF when the peer closes"
+        );
     }
 
     #[tokio::test]

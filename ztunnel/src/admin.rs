@@ -50,7 +50,12 @@ impl Admin {
             Value::Object(map) => map,
             _ => serde_json::Map::new(),
         };
-        let certificates: Vec<Value> = self.certs.certificates().iter().map(|c| certificate_json(c)).collect();
+        let certificates: Vec<Value> = self
+            .certs
+            .certificates()
+            .iter()
+            .map(|c| certificate_json(c))
+            .collect();
         dump.insert("certificates".into(), Value::Array(certificates));
         dump.insert("config".into(), self.config.clone());
         dump.insert(
@@ -63,7 +68,10 @@ impl Admin {
 
     fn logging(&self, request: &SimpleRequest) -> SimpleResponse {
         let Some(logging) = &self.logging else {
-            return text(StatusCode::NOT_IMPLEMENTED, "logging is not controllable in this process\n");
+            return text(
+                StatusCode::NOT_IMPLEMENTED,
+                "logging is not controllable in this process\n",
+            );
         };
         let level = request
             .query
@@ -73,11 +81,20 @@ impl Admin {
             .find_map(|kv| kv.strip_prefix("level="));
         match (&request.method, level) {
             (&Method::POST, Some(level)) => match logging.set(level) {
-                Ok(()) => text(StatusCode::OK, format!("current log level is {}\n", logging.current())),
+                Ok(()) => text(
+                    StatusCode::OK,
+                    format!("current log level is {}\n", logging.current()),
+                ),
                 Err(e) => text(StatusCode::BAD_REQUEST, format!("{e}\n")),
             },
-            (&Method::POST, None) => text(StatusCode::BAD_REQUEST, "usage: POST /logging?level=<filter>\n"),
-            _ => text(StatusCode::OK, format!("current log level is {}\n", logging.current())),
+            (&Method::POST, None) => text(
+                StatusCode::BAD_REQUEST,
+                "usage: POST /logging?level=<filter>\n",
+            ),
+            _ => text(
+                StatusCode::OK,
+                format!("current log level is {}\n", logging.current()),
+            ),
         }
     }
 }
@@ -97,7 +114,11 @@ fn certificate_json(cert: &WorkloadCertificate) -> Value {
             entry
         })
         .collect();
-    let roots: Vec<Value> = cert.roots.iter().map(|der| json!({ "pem": pem(der) })).collect();
+    let roots: Vec<Value> = cert
+        .roots
+        .iter()
+        .map(|der| json!({ "pem": pem(der) }))
+        .collect();
     let state = if SystemTime::now() < cert.not_after {
         "Available"
     } else {

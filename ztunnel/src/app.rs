@@ -12,6 +12,7 @@ use crate::config::{Config, DiscoverySource, ProxyMode};
 use crate::discovery::kubernetes;
 use crate::discovery::local::watch_local_file;
 use crate::drain::Drain;
+use crate::http;
 use crate::identity::{CertificateAuthority, Identity, SecretManager};
 use crate::inpod::netns::NetnsExecutor;
 use crate::inpod::run_zds_client;
@@ -20,10 +21,9 @@ use crate::metrics::Metrics;
 use crate::proxy::connections::ConnectionManager;
 use crate::proxy::{ListenAddrs, Listeners, LocalWorkload, ProxyInputs};
 use crate::readiness::Readiness;
+use crate::socket::{LocalSocketFactory, SocketFactory};
 use crate::state::StateStore;
 use crate::telemetry::LogHandle;
-use crate::http;
-use crate::socket::{LocalSocketFactory, SocketFactory};
 
 /// Runs ztunnel until SIGTERM, SIGINT or `/quitquitquit`, then drains.
 pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
@@ -49,13 +49,20 @@ pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<(
     let connections = ConnectionManager::new();
 
     let registry = PodRegistry::default();
-    serve_operations(&config, &state, &certs, &metrics, &readiness, &registry, logging, &shutdown).await?;
+    serve_operations(
+        &config, &state, &certs, &metrics, &readiness, &registry, logging, &shutdown,
+    )
+    .await?;
 
     let discovery = config.discovery();
     if discovery.uses_kubernetes() {
         start_kubernetes_discovery(&config, &state, &readiness, &shutdown).await?;
     }
-    if let Some(path) = config.local_xds_path.as_ref().filter(|_| discovery.uses_local()) {
+    if let Some(path) = config
+        .local_xds_path
+        .as_ref()
+        .filter(|_| discovery.uses_local())
+    {
         watch_local_file(
             path.clone(),
             state.clone(),
@@ -79,7 +86,11 @@ pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<(
                 .clone()
                 .context("PROXY_MODE=dedicated needs PROXY_WORKLOAD_INFO=<namespace>/<name>/<service-account>")?;
             let local = LocalWorkload {
-                identity: Identity::new(&config.trust_domain, &info.namespace, &info.service_account),
+                identity: Identity::new(
+                    &config.trust_domain,
+                    &info.namespace,
+                    &info.service_account,
+                ),
                 namespace: info.namespace,
                 name: info.name,
             };
@@ -94,7 +105,8 @@ pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<(
                 inbound: config.inbound_addr,
                 inbound_plaintext: config.inbound_plaintext_addr,
             };
-            let listeners = Listeners::bind(&local_sockets, addrs).context("binding the proxy listeners")?;
+            let listeners =
+                Listeners::bind(&local_sockets, addrs).context("binding the proxy listeners")?;
             let sockets: Arc<dyn SocketFactory> = Arc::new(local_sockets);
             listeners.spawn(ProxyInputs {
                 state: state.clone(),
@@ -220,7 +232,9 @@ async fn serve_operations(
                     let mut response = http::text(::http::StatusCode::OK, metrics.encode());
                     response.headers_mut().insert(
                         ::http::header::CONTENT_TYPE,
-                        ::http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                        ::http::HeaderValue::from_static(
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        ),
                     );
                     response
                 }

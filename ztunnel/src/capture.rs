@@ -80,11 +80,18 @@ impl HostCapture {
         let _ = writeln!(out, "-A {OUTPUT_CHAIN} -m mark --mark {mark} -j RETURN");
         let _ = writeln!(out, "-A {OUTPUT_CHAIN} -d {} -j RETURN", family.loopback());
         let _ = writeln!(out, "-A {OUTPUT_CHAIN} -o lo -j RETURN");
-        for cidr in self.exclude_cidrs.iter().filter(|c| matches_family(c, family)) {
+        for cidr in self
+            .exclude_cidrs
+            .iter()
+            .filter(|c| matches_family(c, family))
+        {
             let _ = writeln!(out, "-A {OUTPUT_CHAIN} -d {cidr} -j RETURN");
         }
         for port in &self.exclude_ports {
-            let _ = writeln!(out, "-A {OUTPUT_CHAIN} -p tcp -m tcp --dport {port} -j RETURN");
+            let _ = writeln!(
+                out,
+                "-A {OUTPUT_CHAIN} -p tcp -m tcp --dport {port} -j RETURN"
+            );
         }
         let _ = writeln!(
             out,
@@ -126,7 +133,10 @@ impl HostCapture {
 }
 
 fn matches_family(cidr: &IpNet, family: Family) -> bool {
-    matches!((cidr, family), (IpNet::V4(_), Family::V4) | (IpNet::V6(_), Family::V6))
+    matches!(
+        (cidr, family),
+        (IpNet::V4(_), Family::V4) | (IpNet::V6(_), Family::V6)
+    )
 }
 
 fn restore(family: Family, input: &str) -> Result<(), CaptureError> {
@@ -143,9 +153,14 @@ fn restore(family: Family, input: &str) -> Result<(), CaptureError> {
             .write_all(input.as_bytes())
             .map_err(|e| CaptureError::Spawn(tool, e))?;
     }
-    let out = child.wait_with_output().map_err(|e| CaptureError::Spawn(tool, e))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| CaptureError::Spawn(tool, e))?;
     if !out.status.success() {
-        return Err(CaptureError::Failed(tool, String::from_utf8_lossy(&out.stderr).trim().to_owned()));
+        return Err(CaptureError::Failed(
+            tool,
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
     }
     Ok(())
 }
@@ -180,7 +195,10 @@ mod tests {
     fn renders_golden_rule_set() {
         let capture = HostCapture {
             mark: 0x539,
-            exclude_cidrs: vec!["169.254.169.254/32".parse().unwrap(), "fd00::/8".parse().unwrap()],
+            exclude_cidrs: vec![
+                "169.254.169.254/32".parse().unwrap(),
+                "fd00::/8".parse().unwrap(),
+            ],
             exclude_ports: vec![22],
             inbound_ports: vec![8080],
         };

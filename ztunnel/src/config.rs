@@ -53,12 +53,16 @@ impl FromStr for WorkloadInfo {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split('/').collect::<Vec<_>>()[..] {
-            [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => Ok(WorkloadInfo {
-                namespace: ns.into(),
-                name: name.into(),
-                service_account: sa.into(),
-            }),
-            _ => Err(format!("expected <namespace>/<name>/<service-account>, got {s:?}")),
+            [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => {
+                Ok(WorkloadInfo {
+                    namespace: ns.into(),
+                    name: name.into(),
+                    service_account: sa.into(),
+                })
+            }
+            _ => Err(format!(
+                "expected <namespace>/<name>/<service-account>, got {s:?}"
+            )),
         }
     }
 }
@@ -140,12 +144,11 @@ impl Config {
     /// (shared mode) without LOCAL_XDS_PATH reads Kubernetes, and everything else (a
     /// dedicated ztunnel, or one given a local file) stays local-only.
     pub fn discovery(&self) -> DiscoverySource {
-        self.discovery_source.unwrap_or(
-            match (self.proxy_mode, &self.local_xds_path) {
+        self.discovery_source
+            .unwrap_or(match (self.proxy_mode, &self.local_xds_path) {
                 (ProxyMode::Shared, None) => DiscoverySource::Kubernetes,
                 _ => DiscoverySource::Local,
-            },
-        )
+            })
     }
 }
 
@@ -155,13 +158,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (number, unit) = s
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .map_or((s, "s"), |i| (&s[..i], &s[i..]));
-    let value: f64 = number.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}"))?;
     let seconds = match unit {
         "ms" => value / 1000.0,
         "s" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ))
+        }
     };
     if !seconds.is_finite() || seconds < 0.0 {
         return Err(format!("invalid duration {s:?}"));
@@ -203,7 +212,10 @@ mod tests {
         assert_eq!(with(ProxyMode::Shared, None, None), Kubernetes);
         assert_eq!(with(ProxyMode::Shared, Some("/x"), None), Local);
         assert_eq!(with(ProxyMode::Dedicated, None, None), Local);
-        assert_eq!(with(ProxyMode::Dedicated, None, Some(Kubernetes)), Kubernetes);
+        assert_eq!(
+            with(ProxyMode::Dedicated, None, Some(Kubernetes)),
+            Kubernetes
+        );
         assert!(Both.uses_kubernetes() && Both.uses_local());
         assert!(!Local.uses_kubernetes() && !Kubernetes.uses_local());
     }

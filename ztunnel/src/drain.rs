@@ -65,7 +65,10 @@ impl Drain {
     pub async fn drain(&self, deadline: Duration) -> usize {
         self.accepting.cancel();
         self.tasks.close();
-        if tokio::time::timeout(deadline, self.tasks.wait()).await.is_ok() {
+        if tokio::time::timeout(deadline, self.tasks.wait())
+            .await
+            .is_ok()
+        {
             return 0;
         }
         let cut = self.tasks.len();

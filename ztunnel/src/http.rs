@@ -30,18 +30,20 @@ pub type SimpleResponse = Response<Full<Bytes>>;
 pub fn text(status: StatusCode, body: impl Into<String>) -> SimpleResponse {
     let mut response = Response::new(Full::new(Bytes::from(body.into())));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }
 
 pub fn json(value: &serde_json::Value) -> SimpleResponse {
     let body = serde_json::to_vec_pretty(value).unwrap_or_default();
     let mut response = Response::new(Full::new(Bytes::from(body)));
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
     response
 }
 

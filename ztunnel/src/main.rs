@@ -8,7 +8,11 @@ use ztunnel::config::Config;
 use ztunnel::identity::CertificateAuthority;
 
 #[derive(Parser)]
-#[command(name = "ztunnel", version, about = "Ambient mesh node proxy: HBONE over mutual TLS")]
+#[command(
+    name = "ztunnel",
+    version,
+    about = "Ambient mesh node proxy: HBONE over mutual TLS"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -97,7 +101,10 @@ fn main() -> anyhow::Result<()> {
         }) => {
             let ca = CertificateAuthority::generate_self_signed(&trust_domain)?;
             ca.write(&out)?;
-            println!("wrote a self-signed mesh root for {trust_domain} to {}", out.display());
+            println!(
+                "wrote a self-signed mesh root for {trust_domain} to {}",
+                out.display()
+            );
             Ok(())
         }
         Some(Command::Capture { action }) => match action {
@@ -109,7 +116,10 @@ fn main() -> anyhow::Result<()> {
             CaptureAction::Apply(args) => {
                 let (capture, family) = args.rules();
                 capture.apply(family)?;
-                println!("outbound TCP now goes through ztunnel (chain {})", ztunnel::capture::OUTPUT_CHAIN);
+                println!(
+                    "outbound TCP now goes through ztunnel (chain {})",
+                    ztunnel::capture::OUTPUT_CHAIN
+                );
                 Ok(())
             }
             CaptureAction::Remove { ipv6 } => {

@@ -77,7 +77,11 @@ impl ConnectionLabels {
         self
     }
 
-    pub fn with_destination(mut self, workload: Option<&Workload>, identity: Option<&Identity>) -> Self {
+    pub fn with_destination(
+        mut self,
+        workload: Option<&Workload>,
+        identity: Option<&Identity>,
+    ) -> Self {
         if let Some(w) = workload {
             self.destination_workload = w.name.clone();
             self.destination_workload_namespace = w.namespace.clone();
@@ -209,7 +213,10 @@ impl Metrics {
             "Local config reloads rejected as invalid (the last good config stays)",
             metrics.local_config_errors.clone(),
         );
-        Metrics { registry, ..metrics }
+        Metrics {
+            registry,
+            ..metrics
+        }
     }
 
     pub fn error(&self, reason: &'static str) {

@@ -54,7 +54,10 @@ impl Readiness {
         if pending.is_empty() {
             text(StatusCode::OK, "ready\n")
         } else {
-            text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: waiting for {}\n", pending.join(", ")))
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: waiting for {}\n", pending.join(", ")),
+            )
         }
     }
 

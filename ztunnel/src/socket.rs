@@ -33,7 +33,6 @@ impl SocketFactory for LocalSocketFactory {
             marked_socket(family_of, self.mark).and_then(into_tokio_socket),
         ))
     }
-
 }
 
 impl LocalSocketFactory {
@@ -48,7 +47,11 @@ impl LocalSocketFactory {
 /// A marked TCP socket with `TCP_NODELAY`: the proxy forwards what it reads at once,
 /// so Nagle would only add latency.
 pub fn marked_socket(family_of: SocketAddr, mark: u32) -> io::Result<Socket> {
-    let socket = Socket::new(Domain::for_address(family_of), Type::STREAM, Some(Protocol::TCP))?;
+    let socket = Socket::new(
+        Domain::for_address(family_of),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
     socket.set_mark(mark)?;
     socket.set_tcp_nodelay(true)?;
     Ok(socket)

@@ -13,7 +13,8 @@ pub struct LogHandle {
 impl LogHandle {
     /// Replaces the filter with `directives` (e.g. `debug` or `info,ztunnel::proxy=debug`).
     pub fn set(&self, directives: &str) -> Result<(), String> {
-        let filter = EnvFilter::try_new(directives).map_err(|e| format!("invalid log level {directives:?}: {e}"))?;
+        let filter = EnvFilter::try_new(directives)
+            .map_err(|e| format!("invalid log level {directives:?}: {e}"))?;
         self.handle.reload(filter).map_err(|e| e.to_string())
     }
 

@@ -66,7 +66,9 @@ async fn start_server(certs: &SecretManager, bind: SocketAddr, echo: SocketAddr)
     let state = StateStore::new();
     state.replace_source("local", parse_local_config(CONFIG).unwrap());
     let drain = Drain::new();
-    let listener = socket::LocalSocketFactory { mark: 0 }.listener(bind, false).unwrap();
+    let listener = socket::LocalSocketFactory { mark: 0 }
+        .listener(bind, false)
+        .unwrap();
     let sockets = socket::local(0);
     let hbone = listener.local_addr().unwrap();
     let inputs = ProxyInputs {
@@ -104,11 +106,18 @@ fn request(server: &Server) -> ConnectRequest {
 }
 
 async fn round_trip(stream: &mut H2Stream, message: &'static [u8]) {
-    stream.send.send_data(Bytes::from_static(message), false).unwrap();
+    stream
+        .send
+        .send_data(Bytes::from_static(message), false)
+        .unwrap();
     let mut got = Vec::new();
     while got.len() < message.len() {
         let chunk = stream.recv.data().await.expect("echo answered").unwrap();
-        stream.recv.flow_control().release_capacity(chunk.len()).unwrap();
+        stream
+            .recv
+            .flow_control()
+            .release_capacity(chunk.len())
+            .unwrap();
         got.extend_from_slice(&chunk);
     }
     assert_eq!(got, message);
@@ -126,7 +135,12 @@ fn mesh() -> (SecretManager, Arc<Metrics>) {
 async fn concurrent_streams_share_ceil_n_over_100_connections() {
     let (certs, metrics) = mesh();
     let server = start_server(&certs, "127.0.0.1:0".parse().unwrap(), echo_server().await).await;
-    let pool = Pool::new(certs.clone(), socket::local(0), metrics.clone(), Duration::from_secs(300));
+    let pool = Pool::new(
+        certs.clone(),
+        socket::local(0),
+        metrics.clone(),
+        Duration::from_secs(300),
+    );
     let req = request(&server);
 
     // A burst to a new key opens exactly one connection.
@@ -141,7 +155,13 @@ async fn concurrent_streams_share_ceil_n_over_100_connections() {
         round_trip(stream, b"ping").await;
     }
     assert_eq!(pool.connection_count(), 3);
-    assert_eq!(metrics.encode().contains("ztunnel_hbone_pool_connections 3"), true, "{}", metrics.encode());
+    assert!(
+        metrics
+            .encode()
+            .contains("ztunnel_hbone_pool_connections 3"),
+        "{}",
+        metrics.encode()
+    );
 
     // Streams that ended free their slots: new ones reuse the same connections.
     drop(streams);
@@ -155,7 +175,12 @@ async fn concurrent_streams_share_ceil_n_over_100_connections() {
 async fn idle_connections_are_released() {
     let (certs, metrics) = mesh();
     let server = start_server(&certs, "127.0.0.1:0".parse().unwrap(), echo_server().await).await;
-    let pool = Pool::new(certs.clone(), socket::local(0), metrics, Duration::from_millis(200));
+    let pool = Pool::new(
+        certs.clone(),
+        socket::local(0),
+        metrics,
+        Duration::from_millis(200),
+    );
     let mut stream = pool.connect(&request(&server)).await.unwrap();
     round_trip(&mut stream, b"hello").await;
     drop(stream);
@@ -169,7 +194,12 @@ async fn a_dead_connection_is_never_handed_out_again() {
     let (certs, metrics) = mesh();
     let echo = echo_server().await;
     let first = start_server(&certs, "127.0.0.1:0".parse().unwrap(), echo).await;
-    let pool = Pool::new(certs.clone(), socket::local(0), metrics, Duration::from_secs(300));
+    let pool = Pool::new(
+        certs.clone(),
+        socket::local(0),
+        metrics,
+        Duration::from_secs(300),
+    );
     let mut stream = pool.connect(&request(&first)).await.unwrap();
     round_trip(&mut stream, b"one").await;
     drop(stream);
@@ -191,7 +221,12 @@ async fn a_dead_connection_is_never_handed_out_again() {
 async fn wrong_server_identity_fails_the_connect() {
     let (certs, metrics) = mesh();
     let server = start_server(&certs, "127.0.0.1:0".parse().unwrap(), echo_server().await).await;
-    let pool = Pool::new(certs.clone(), socket::local(0), metrics, Duration::from_secs(300));
+    let pool = Pool::new(
+        certs.clone(),
+        socket::local(0),
+        metrics,
+        Duration::from_secs(300),
+    );
     let mut req = request(&server);
     req.key.dst_identity = Identity::new("cluster.local", "test", "someone-else");
     req.expected_identities = vec![req.key.dst_identity.clone()];

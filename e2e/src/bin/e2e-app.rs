@@ -71,9 +71,7 @@ enum Cmd {
         hold_secs: u64,
     },
     /// HTTP GET (for metrics and admin endpoints inside a namespace); prints the body.
-    Get {
-        url: String,
-    },
+    Get { url: String },
 }
 
 fn main() -> Result<()> {
@@ -157,7 +155,8 @@ fn fill(buf: &mut [u8], state: &mut u64) {
 }
 
 fn send(connect: SocketAddr, bytes: u64) -> Result<()> {
-    let mut stream = TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
+    let mut stream =
+        TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
     let mut hasher = Sha256::new();
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut buf = vec![0u8; 256 * 1024];
@@ -177,13 +176,16 @@ fn send(connect: SocketAddr, bytes: u64) -> Result<()> {
     println!("{}", line.trim());
     let digest = hex(&hasher.finalize());
     if answer["bytes"] != bytes || answer["sha256"] != digest.as_str() {
-        bail!("sink received different data: sent {bytes} bytes sha256 {digest}, sink says {answer}");
+        bail!(
+            "sink received different data: sent {bytes} bytes sha256 {digest}, sink says {answer}"
+        );
     }
     Ok(())
 }
 
 fn ping(connect: SocketAddr, count: u64, size: usize, interval_ms: u64) -> Result<()> {
-    let mut stream = TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
+    let mut stream =
+        TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
     stream.set_nodelay(true)?;
     let message = vec![0x5au8; size];
     let mut reply = vec![0u8; size];
@@ -191,7 +193,10 @@ fn ping(connect: SocketAddr, count: u64, size: usize, interval_ms: u64) -> Resul
     let mut closed = None;
     for _ in 0..count {
         let start = Instant::now();
-        if let Err(e) = stream.write_all(&message).and_then(|()| stream.read_exact(&mut reply)) {
+        if let Err(e) = stream
+            .write_all(&message)
+            .and_then(|()| stream.read_exact(&mut reply))
+        {
             closed = Some(e.to_string());
             break;
         }
@@ -231,7 +236,8 @@ fn churn(connect: SocketAddr, count: u64) -> Result<()> {
     let started = Instant::now();
     for _ in 0..count {
         let start = Instant::now();
-        let mut stream = TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
+        let mut stream =
+            TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
         stream.set_nodelay(true)?;
         stream.write_all(&message)?;
         stream.read_exact(&mut reply)?;
@@ -249,7 +255,8 @@ fn hold(connect: SocketAddr, count: u64, hold_secs: u64) -> Result<()> {
     let mut reply = [0u8; 64];
     let mut streams = Vec::with_capacity(count as usize);
     for _ in 0..count {
-        let mut stream = TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
+        let mut stream =
+            TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
         stream.write_all(&message)?;
         stream.read_exact(&mut reply)?;
         streams.push(stream);
@@ -270,10 +277,15 @@ fn hold(connect: SocketAddr, count: u64, hold_secs: u64) -> Result<()> {
 
 fn get(url: &str) -> Result<()> {
     let rest = url.strip_prefix("http://").context("only http:// URLs")?;
-    let (host, path) = rest.split_once('/').map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
     let mut stream = TcpStream::connect(host).with_context(|| format!("connecting to {host}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n")?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));

@@ -88,7 +88,9 @@ impl Connection {
         }
         let limit = self.stream_limit();
         self.active_streams
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
             .ok()
             .map(|_| Lease(self.clone()))
     }
@@ -159,7 +161,12 @@ impl Pool {
         let slots: Vec<Arc<Slot>> = lock(&self.slots).values().cloned().collect();
         slots
             .iter()
-            .map(|s| s.connections.try_lock().map(|c| c.iter().filter(|c| !c.is_closed()).count()).unwrap_or(0))
+            .map(|s| {
+                s.connections
+                    .try_lock()
+                    .map(|c| c.iter().filter(|c| !c.is_closed()).count())
+                    .unwrap_or(0)
+            })
             .sum()
     }
 
@@ -169,14 +176,20 @@ impl Pool {
 
     /// A lease on a connection with room, opening one if none has room. The bool is
     /// true when the connection was opened for this request.
-    async fn checkout(&self, slot: &Slot, req: &ConnectRequest) -> Result<(Lease, bool), HboneError> {
+    async fn checkout(
+        &self,
+        slot: &Slot,
+        req: &ConnectRequest,
+    ) -> Result<(Lease, bool), HboneError> {
         let mut connections = slot.connections.lock().await;
         connections.retain(|c| !c.is_closed());
         if let Some(lease) = connections.iter().find_map(|c| c.try_acquire()) {
             return Ok((lease, false));
         }
         let connection = self.open(&req.key, &req.expected_identities).await?;
-        let lease = connection.try_acquire().ok_or(HboneError::Timeout("waiting for a stream slot"))?;
+        let lease = connection
+            .try_acquire()
+            .ok_or(HboneError::Timeout("waiting for a stream slot"))?;
         connections.push(connection);
         Ok((lease, true))
     }
@@ -186,12 +199,18 @@ impl Pool {
         let mut connections = slot.connections.lock().await;
         connections.retain(|c| !c.is_closed());
         let connection = self.open(&req.key, &req.expected_identities).await?;
-        let lease = connection.try_acquire().ok_or(HboneError::Timeout("waiting for a stream slot"))?;
+        let lease = connection
+            .try_acquire()
+            .ok_or(HboneError::Timeout("waiting for a stream slot"))?;
         connections.push(connection);
         Ok(lease)
     }
 
-    async fn open(&self, key: &PoolKey, expected: &[Identity]) -> Result<Arc<Connection>, HboneError> {
+    async fn open(
+        &self,
+        key: &PoolKey,
+        expected: &[Identity],
+    ) -> Result<Arc<Connection>, HboneError> {
         let cert = self.certs.fetch(&key.src_identity)?;
         let config = tls::client_config(&cert, expected.to_vec())?;
         let socket = self
@@ -212,7 +231,9 @@ impl Pool {
         .await
         .map_err(|_| HboneError::Timeout("in the TLS handshake"))?
         .map_err(|e| HboneError::Tls(key.dst, e))?;
-        tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
+        tls.get_mut()
+            .1
+            .set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
         let (sender, mut connection) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
@@ -287,14 +308,18 @@ impl Pool {
     /// Drops connections idle for longer than the idle timeout.
     fn reap(&self) {
         let now = Instant::now();
-        let slots: Vec<(PoolKey, Arc<Slot>)> =
-            lock(&self.slots).iter().map(|(k, s)| (k.clone(), s.clone())).collect();
+        let slots: Vec<(PoolKey, Arc<Slot>)> = lock(&self.slots)
+            .iter()
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect();
         for (key, slot) in slots {
             let Ok(mut connections) = slot.connections.try_lock() else {
                 continue; // busy opening; look again next round
             };
             connections.retain(|c| {
-                !c.is_closed() && c.idle_since().is_none_or(|t| now.duration_since(t) < self.idle_timeout)
+                !c.is_closed()
+                    && c.idle_since()
+                        .is_none_or(|t| now.duration_since(t) < self.idle_timeout)
             });
             if connections.is_empty() {
                 drop(connections);

@@ -105,7 +105,12 @@ async fn tcp_to_h2<R: AsyncRead + Unpin>(
                 granted = match poll_fn(|cx| send.poll_capacity(cx)).await {
                     Some(Ok(granted)) => granted,
                     Some(Err(e)) => return Err(h2_to_io(e)),
-                    None => return Err(io::Error::new(io::ErrorKind::BrokenPipe, "HBONE stream closed")),
+                    None => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::BrokenPipe,
+                            "HBONE stream closed",
+                        ))
+                    }
                 };
             }
             if granted == 0 {
@@ -148,7 +153,12 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
 }
 
 /// Copies between two TCP sockets (passthrough), counting bytes as they flow.
-pub async fn copy_tcp<A, B>(a: A, b: B, a_to_b: &Counter, b_to_a: &Counter) -> io::Result<Transferred>
+pub async fn copy_tcp<A, B>(
+    a: A,
+    b: B,
+    a_to_b: &Counter,
+    b_to_a: &Counter,
+) -> io::Result<Transferred>
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -190,7 +200,9 @@ where
 
 fn h2_to_io(e: h2::Error) -> io::Error {
     if e.is_io() {
-        return e.into_io().unwrap_or_else(|| io::Error::other("HTTP/2 I/O error"));
+        return e
+            .into_io()
+            .unwrap_or_else(|| io::Error::other("HTTP/2 I/O error"));
     }
     io::Error::other(e)
 }

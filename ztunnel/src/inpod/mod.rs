@@ -80,7 +80,10 @@ async fn serve(
             Next::Request(Request::SnapshotSent) => {
                 let result = pods.snapshot_sent().await;
                 if result.is_ok() && first_snapshot.take().is_some() {
-                    info!(pods = pods.len(), "first snapshot from the node agent applied");
+                    info!(
+                        pods = pods.len(),
+                        "first snapshot from the node agent applied"
+                    );
                 }
                 result
             }

@@ -33,7 +33,8 @@ pub struct PodNetns {
 impl PodNetns {
     /// Checks that `fd` really is a network namespace before anything enters it.
     pub fn new(fd: OwnedFd) -> Result<Self, String> {
-        let fs = nix::sys::statfs::fstatfs(&fd).map_err(|e| format!("fstatfs on the netns fd: {e}"))?;
+        let fs =
+            nix::sys::statfs::fstatfs(&fd).map_err(|e| format!("fstatfs on the netns fd: {e}"))?;
         if fs.filesystem_type().0 as i64 != NSFS_MAGIC {
             return Err("the fd is not a namespace (not on nsfs)".into());
         }
@@ -42,7 +43,9 @@ impl PodNetns {
         // SAFETY: ioctl on a valid fd with a request that takes no argument.
         let kind = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE as _) };
         if kind != libc::CLONE_NEWNET {
-            return Err(format!("the fd is a namespace, but not a network namespace (type {kind:#x})"));
+            return Err(format!(
+                "the fd is a namespace, but not a network namespace (type {kind:#x})"
+            ));
         }
         let stat = nix::sys::stat::fstat(&fd).map_err(|e| format!("fstat on the netns fd: {e}"))?;
         Ok(PodNetns {
@@ -131,7 +134,9 @@ impl PodSocketFactory {
         let mark = self.mark;
         let socket = self
             .executor
-            .run(&self.netns, move || socket::listen_socket(addr, mark, transparent))
+            .run(&self.netns, move || {
+                socket::listen_socket(addr, mark, transparent)
+            })
             .await?;
         socket.set_nonblocking(true)?;
         TcpListener::from_std(socket.into())

@@ -7,7 +7,10 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use prost::Message;
-use shared_types::zds::{workload_request::Payload, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello, MAX_MESSAGE_SIZE};
+use shared_types::zds::{
+    workload_request::Payload, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello,
+    MAX_MESSAGE_SIZE,
+};
 use shared_types::zds_transport::SeqpacketStream;
 
 use super::netns::PodNetns;
@@ -99,7 +102,8 @@ impl ZdsConnection {
 }
 
 fn decode(bytes: &[u8], mut fds: Vec<OwnedFd>) -> Result<Request, ProtocolError> {
-    let request = WorkloadRequest::decode(bytes).map_err(|e| ProtocolError::Decode(e.to_string()))?;
+    let request =
+        WorkloadRequest::decode(bytes).map_err(|e| ProtocolError::Decode(e.to_string()))?;
     let no_fd = |what: &'static str, fds: &[OwnedFd]| {
         if fds.is_empty() {
             Ok(())
@@ -156,7 +160,7 @@ mod tests {
     use super::*;
 
     fn err(bytes: &[u8], fds: Vec<OwnedFd>) -> ProtocolError {
-        decode(bytes, fds).err().expect("must be refused")
+        decode(bytes, fds).expect_err("must be refused")
     }
 
     fn some_fd() -> OwnedFd {
@@ -165,17 +169,35 @@ mod tests {
 
     #[test]
     fn malformed_requests_are_named() {
-        assert!(matches!(err(&[0xff, 0xff, 0xff], vec![]), ProtocolError::Decode(_)));
+        assert!(matches!(
+            err(&[0xff, 0xff, 0xff], vec![]),
+            ProtocolError::Decode(_)
+        ));
         assert_eq!(err(&[], vec![]), ProtocolError::Empty);
         let del = WorkloadRequest::del("u1").encode_to_vec();
-        assert_eq!(err(&del, vec![some_fd()]), ProtocolError::UnexpectedFd("del"));
+        assert_eq!(
+            err(&del, vec![some_fd()]),
+            ProtocolError::UnexpectedFd("del")
+        );
         let snap = WorkloadRequest::snapshot_sent().encode_to_vec();
-        assert_eq!(err(&snap, vec![some_fd()]), ProtocolError::UnexpectedFd("snapshot_sent"));
+        assert_eq!(
+            err(&snap, vec![some_fd()]),
+            ProtocolError::UnexpectedFd("snapshot_sent")
+        );
         let add = WorkloadRequest::add("u1", WorkloadInfo::default()).encode_to_vec();
         assert_eq!(err(&add, vec![]), ProtocolError::MissingFd("u1".into()));
-        assert_eq!(err(&add, vec![some_fd(), some_fd()]), ProtocolError::TooManyFds(2));
-        assert!(matches!(err(&add, vec![some_fd()]), ProtocolError::NotNetns { .. }));
-        assert_eq!(err(&WorkloadRequest::del("").encode_to_vec(), vec![]), ProtocolError::MissingUid("del"));
+        assert_eq!(
+            err(&add, vec![some_fd(), some_fd()]),
+            ProtocolError::TooManyFds(2)
+        );
+        assert!(matches!(
+            err(&add, vec![some_fd()]),
+            ProtocolError::NotNetns { .. }
+        ));
+        assert_eq!(
+            err(&WorkloadRequest::del("").encode_to_vec(), vec![]),
+            ProtocolError::MissingUid("del")
+        );
     }
 
     #[test]
@@ -185,6 +207,9 @@ mod tests {
         assert!(matches!(decode(&add, vec![fd]), Ok(Request::Add { .. })));
         // Another namespace kind is refused.
         let uts: OwnedFd = std::fs::File::open("/proc/self/ns/uts").unwrap().into();
-        assert!(matches!(err(&add, vec![uts]), ProtocolError::NotNetns { .. }));
+        assert!(matches!(
+            err(&add, vec![uts]),
+            ProtocolError::NotNetns { .. }
+        ));
     }
 }

@@ -108,7 +108,12 @@ impl PodProxies {
         self.pods.is_empty()
     }
 
-    pub async fn add(&mut self, uid: String, info: WorkloadInfo, netns: PodNetns) -> Result<(), String> {
+    pub async fn add(
+        &mut self,
+        uid: String,
+        info: WorkloadInfo,
+        netns: PodNetns,
+    ) -> Result<(), String> {
         self.note_replayed(&uid);
         if let Some(running) = self.pods.get(&uid) {
             if running.summary.netns_inode == netns.inode {
@@ -118,10 +123,16 @@ impl PodProxies {
             self.stop(&uid).await;
         }
         if info.namespace.is_empty() || info.service_account.is_empty() {
-            return Err(format!("add for {uid}: workload info needs a namespace and a service account"));
+            return Err(format!(
+                "add for {uid}: workload info needs a namespace and a service account"
+            ));
         }
         let started = Instant::now();
-        let identity = Identity::new(&self.inputs.trust_domain, &info.namespace, &info.service_account);
+        let identity = Identity::new(
+            &self.inputs.trust_domain,
+            &info.namespace,
+            &info.service_account,
+        );
         // Fail the add (so the agent retries and the pod does not start) rather
         // than serve a pod we cannot give an identity.
         self.inputs
@@ -137,7 +148,10 @@ impl PodProxies {
         let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
         let listeners = Listeners {
             outbound: factory
-                .listen(SocketAddr::from(([127, 0, 0, 1], OUTBOUND_CAPTURE_PORT)), false)
+                .listen(
+                    SocketAddr::from(([127, 0, 0, 1], OUTBOUND_CAPTURE_PORT)),
+                    false,
+                )
                 .await
                 .map_err(|e| format!("listening on {OUTBOUND_CAPTURE_PORT} in the pod: {e}"))?,
             inbound: factory
@@ -216,7 +230,12 @@ impl PodProxies {
             .replayed
             .take()
             .ok_or_else(|| "snapshot_sent received twice on one connection".to_owned())?;
-        let stale: Vec<String> = self.pods.keys().filter(|uid| !replayed.contains(*uid)).cloned().collect();
+        let stale: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|uid| !replayed.contains(*uid))
+            .cloned()
+            .collect();
         for uid in stale {
             info!(%uid, "pod not in the agent's snapshot; stopping it");
             self.stop(&uid).await;
@@ -233,7 +252,9 @@ impl PodProxies {
     /// Closes the pod's listeners now (so nothing is left bound in its namespace)
     /// and lets its connections drain up to the deadline in the background.
     async fn stop(&mut self, uid: &str) {
-        let Some(pod) = self.pods.remove(uid) else { return };
+        let Some(pod) = self.pods.remove(uid) else {
+            return;
+        };
         lock(&self.registry.pods).remove(uid);
         pod.drain.stop_accepting();
         for handle in pod.listeners {

@@ -86,7 +86,12 @@ impl ConnectionManager {
     }
 
     /// Re-checks live connections after every state change, until `stop` fires.
-    pub async fn watch(self: Arc<Self>, state: StateStore, metrics: Arc<Metrics>, stop: CancellationToken) {
+    pub async fn watch(
+        self: Arc<Self>,
+        state: StateStore,
+        metrics: Arc<Metrics>,
+        stop: CancellationToken,
+    ) {
         let mut changes = state.subscribe();
         loop {
             tokio::select! {

@@ -7,14 +7,13 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::{Method, Request, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, warn};
 
 use super::ProxyInputs;
 use crate::hbone::server::{respond_status, serve_connection};
@@ -56,25 +55,12 @@ impl Inbound {
     }
 
     pub async fn run(self, listener: TcpListener) {
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = self.inputs.drain.accepting_stopped() => break,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    let this = self.clone();
-                    let span = tracing::debug_span!("inbound", src = %peer);
-                    self.inputs
-                        .drain
-                        .spawn(async move { this.serve(stream, socket::to_canonical(peer)).await }.instrument(span));
-                }
-                Err(e) => {
-                    warn!(error = %e, "inbound accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
+        let drain = self.inputs.drain.clone();
+        super::accept_loop(listener, drain, "inbound", move |stream, peer| {
+            let this = self.clone();
+            async move { this.serve(stream, peer).await }
+        })
+        .await
     }
 
     fn tls_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
@@ -83,7 +69,11 @@ impl Inbound {
             .certs
             .fetch(&self.inputs.local.identity)
             .map_err(|e| e.to_string())?;
-        let mut current = self.server_config.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = self
+            .server_config
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if let Some((cached, config)) = current.as_ref() {
             if Arc::ptr_eq(cached, &cert) {
                 return Ok(config.clone());
@@ -123,7 +113,9 @@ impl Inbound {
                 return;
             }
         };
-        tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
+        tls.get_mut()
+            .1
+            .set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
         let Some(identity) = tls::peer_identity(tls.get_ref().1) else {
             // The verifier already requires one; this is only defence in depth.
             metrics.error("no_peer_identity");
@@ -148,12 +140,18 @@ impl Inbound {
         }
     }
 
-    async fn handle(&self, peer: Peer, request: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+    async fn handle(
+        &self,
+        peer: Peer,
+        request: Request<RecvStream>,
+        mut respond: SendResponse<Bytes>,
+    ) {
         let metrics = &self.inputs.metrics;
-        let refuse = |respond: &mut SendResponse<Bytes>, status: StatusCode, reason: &'static str| {
-            metrics.error(reason);
-            respond_status(respond, status);
-        };
+        let refuse =
+            |respond: &mut SendResponse<Bytes>, status: StatusCode, reason: &'static str| {
+                metrics.error(reason);
+                respond_status(respond, status);
+            };
         if request.method() != Method::CONNECT {
             info!(method = %request.method(), "refusing HBONE request that is not CONNECT");
             return refuse(&mut respond, StatusCode::METHOD_NOT_ALLOWED, "not_connect");
@@ -172,9 +170,16 @@ impl Inbound {
             return refuse(&mut respond, StatusCode::BAD_REQUEST, "authority_mismatch");
         }
         let state = &self.inputs.state;
-        let Some(dst) = state.workload_by_ip(target.ip()).filter(|w| self.inputs.local.is(w)) else {
+        let Some(dst) = state
+            .workload_by_ip(target.ip())
+            .filter(|w| self.inputs.local.is(w))
+        else {
             info!(%target, "refusing CONNECT for a workload that is not local");
-            return refuse(&mut respond, StatusCode::SERVICE_UNAVAILABLE, "unknown_workload");
+            return refuse(
+                &mut respond,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unknown_workload",
+            );
         };
         let source = state.workload_by_ip(peer.addr.ip());
         let labels = ConnectionLabels::new(Reporter::destination)
@@ -190,19 +195,27 @@ impl Inbound {
             info!(src = %peer.identity, %target, reason = %denied, "connection denied by policy");
             let mut denied_labels = labels.clone();
             denied_labels.response_flags = "DENY".into();
-            metrics.connections_failed.get_or_create(&denied_labels).inc();
+            metrics
+                .connections_failed
+                .get_or_create(&denied_labels)
+                .inc();
             return refuse(&mut respond, StatusCode::UNAUTHORIZED, "policy_denied");
         }
         // In-pod, the app sees the client pod's own address: the HBONE connection was
         // opened from inside that pod's namespace. The `forwarded` header is not
         // trusted for this, so a peer cannot make us spoof an arbitrary address.
         let source_ip = self.inputs.transparent_inbound.then_some(peer.addr.ip());
-        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await {
+        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await
+        {
             Ok(upstream) => upstream,
             Err(e) => {
                 info!(%target, error = %e, "upstream connect failed");
                 metrics.connections_failed.get_or_create(&labels).inc();
-                return refuse(&mut respond, StatusCode::SERVICE_UNAVAILABLE, "upstream_connect");
+                return refuse(
+                    &mut respond,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "upstream_connect",
+                );
             }
         };
         let response = http::Response::new(());

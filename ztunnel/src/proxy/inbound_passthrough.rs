@@ -3,10 +3,9 @@
 //! bytes pass through to the application.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info};
 
 use super::{is_proxy_port, ProxyInputs};
 use crate::hbone::stream::copy_tcp;
@@ -25,25 +24,12 @@ impl InboundPassthrough {
     }
 
     pub async fn run(self, listener: TcpListener) {
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = self.inputs.drain.accepting_stopped() => break,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    let this = self.clone();
-                    let span = tracing::debug_span!("inbound_plaintext", src = %peer);
-                    self.inputs
-                        .drain
-                        .spawn(async move { this.handle(stream, socket::to_canonical(peer)).await }.instrument(span));
-                }
-                Err(e) => {
-                    warn!(error = %e, "inbound plaintext accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
+        let drain = self.inputs.drain.clone();
+        super::accept_loop(listener, drain, "inbound_plaintext", move |stream, peer| {
+            let this = self.clone();
+            async move { this.handle(stream, peer).await }
+        })
+        .await
     }
 
     async fn handle(&self, client: TcpStream, peer: SocketAddr) {
@@ -61,7 +47,10 @@ impl InboundPassthrough {
             return;
         }
         let state = &self.inputs.state;
-        let Some(dst) = state.workload_by_ip(target.ip()).filter(|w| self.inputs.local.is(w)) else {
+        let Some(dst) = state
+            .workload_by_ip(target.ip())
+            .filter(|w| self.inputs.local.is(w))
+        else {
             info!(%target, "plaintext connection for a workload that is not local");
             metrics.error("unknown_workload");
             return;
@@ -79,12 +68,16 @@ impl InboundPassthrough {
             info!(src = %peer, %target, reason = %denied, "plaintext connection denied by policy");
             let mut denied_labels = labels;
             denied_labels.response_flags = "DENY".into();
-            metrics.connections_failed.get_or_create(&denied_labels).inc();
+            metrics
+                .connections_failed
+                .get_or_create(&denied_labels)
+                .inc();
             metrics.error("policy_denied");
             return;
         }
         let source_ip = self.inputs.transparent_inbound.then_some(peer.ip());
-        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await {
+        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await
+        {
             Ok(upstream) => upstream,
             Err(e) => {
                 debug!(%target, error = %e, "upstream connect failed");

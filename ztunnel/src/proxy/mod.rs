@@ -98,9 +98,41 @@ impl Listeners {
         vec![
             tokio::spawn(outbound::Outbound::new(inputs.clone()).run(self.outbound)),
             tokio::spawn(inbound::Inbound::new(inputs.clone()).run(self.inbound)),
-            tokio::spawn(inbound_passthrough::InboundPassthrough::new(inputs).run(self.inbound_plaintext)),
+            tokio::spawn(
+                inbound_passthrough::InboundPassthrough::new(inputs).run(self.inbound_plaintext),
+            ),
         ]
     }
+}
+
+/// Accepts connections until the drain stops the listener, running `handle` for
+/// each under the drain (so shutdown can wait for it) in a span named `name`.
+pub async fn accept_loop<H, F>(listener: TcpListener, drain: Drain, name: &'static str, handle: H)
+where
+    H: Fn(tokio::net::TcpStream, SocketAddr) -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = drain.accepting_stopped() => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let span = tracing::debug_span!("conn", proxy = name, src = %peer);
+                drain.spawn(tracing::Instrument::instrument(
+                    handle(stream, crate::socket::to_canonical(peer)),
+                    span,
+                ));
+            }
+            Err(e) => {
+                // Out of fds or similar: back off instead of spinning.
+                warn!(proxy = name, error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+    tracing::debug!(proxy = name, "listener stopped");
 }
 
 /// True for the proxy's own ports, which must never be a destination (loops).

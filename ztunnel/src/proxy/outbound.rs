@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, warn};
 
 use super::{is_proxy_port, ProxyInputs};
 use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
@@ -61,28 +61,12 @@ impl Outbound {
     }
 
     pub async fn run(self, listener: TcpListener) {
-        let local_addr = listener.local_addr().ok();
-        debug!(addr = ?local_addr, "outbound listener started");
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = self.inputs.drain.accepting_stopped() => break,
-            };
-            match accepted {
-                Ok((stream, peer)) => {
-                    let this = self.clone();
-                    let span = tracing::debug_span!("outbound", src = %peer);
-                    self.inputs
-                        .drain
-                        .spawn(async move { this.handle(stream, socket::to_canonical(peer)).await }.instrument(span));
-                }
-                Err(e) => {
-                    warn!(error = %e, "outbound accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-        debug!("outbound listener stopped");
+        let drain = self.inputs.drain.clone();
+        super::accept_loop(listener, drain, "outbound", move |stream, peer| {
+            let this = self.clone();
+            async move { this.handle(stream, peer).await }
+        })
+        .await
     }
 
     async fn handle(&self, client: TcpStream, peer: SocketAddr) {
@@ -95,7 +79,9 @@ impl Outbound {
                 return;
             }
         };
-        if is_proxy_port(orig_dst.port()) || Some(orig_dst) == client.local_addr().ok().map(socket::to_canonical) {
+        if is_proxy_port(orig_dst.port())
+            || Some(orig_dst) == client.local_addr().ok().map(socket::to_canonical)
+        {
             warn!(dst = %orig_dst, "refusing connection to a ztunnel port (loop)");
             metrics.error("loop_prevented");
             return;
@@ -115,7 +101,18 @@ impl Outbound {
                 workload,
                 service,
                 target,
-            } => self.tunnel(client, peer, src_identity, source.as_deref(), workload, service, target).await,
+            } => {
+                self.tunnel(
+                    client,
+                    peer,
+                    src_identity,
+                    source.as_deref(),
+                    workload,
+                    service,
+                    target,
+                )
+                .await
+            }
             Route::Passthrough {
                 workload,
                 service,
@@ -184,7 +181,11 @@ impl Outbound {
         let dst_identity = workload.identity();
         let mut expected = vec![dst_identity.clone()];
         if let Some(svc) = &service {
-            expected.extend(svc.subject_alt_names.iter().filter_map(|san| san.parse::<Identity>().ok()));
+            expected.extend(
+                svc.subject_alt_names
+                    .iter()
+                    .filter_map(|san| san.parse::<Identity>().ok()),
+            );
         }
         let request = ConnectRequest {
             key: PoolKey {
@@ -209,14 +210,20 @@ impl Outbound {
             Ok(stream) => stream,
             Err(e) => {
                 warn!(dst = %target, identity = %dst_identity, error = %e, "HBONE connect failed");
-                self.inputs.metrics.connections_failed.get_or_create(&labels).inc();
+                self.inputs
+                    .metrics
+                    .connections_failed
+                    .get_or_create(&labels)
+                    .inc();
                 self.inputs.metrics.error("hbone_connect_failed");
                 return;
             }
         };
         let recorder = ConnectionRecorder::open(&self.inputs.metrics, labels);
         match copy_bidirectional(client, stream, &recorder.received, &recorder.sent).await {
-            Ok(t) => debug!(dst = %target, up = t.tcp_to_stream, down = t.stream_to_tcp, "connection closed"),
+            Ok(t) => {
+                debug!(dst = %target, up = t.tcp_to_stream, down = t.stream_to_tcp, "connection closed")
+            }
             Err(e) => info!(dst = %target, error = %e, "connection ended with an error"),
         }
     }
@@ -226,7 +233,11 @@ impl Outbound {
             Ok(upstream) => upstream,
             Err(e) => {
                 debug!(dst = %target, error = %e, "passthrough connect failed");
-                self.inputs.metrics.connections_failed.get_or_create(&labels).inc();
+                self.inputs
+                    .metrics
+                    .connections_failed
+                    .get_or_create(&labels)
+                    .inc();
                 return;
             }
         };

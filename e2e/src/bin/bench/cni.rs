@@ -13,7 +13,10 @@ use crate::report::{ratio, Figure};
 use crate::Plan;
 
 pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
-    eprintln!("CNI: {} ADDs of istio-cni and of loopback...", plan.cni_runs);
+    eprintln!(
+        "CNI: {} ADDs of istio-cni and of loopback...",
+        plan.cni_runs
+    );
     let dir = tempfile::tempdir()?;
     let run_dir = dir.path().join("run");
     std::fs::create_dir_all(&run_dir)?;
@@ -56,17 +59,27 @@ fn exec_add(binary: &std::path::Path, netconf: &str, pod: &Netns, i: usize) -> R
         .env("CNI_PATH", binary.parent().context("plugin dir")?)
         .env(
             "CNI_ARGS",
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-{i};K8S_POD_UID=uid-{i}"),
+            format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-{i};K8S_POD_UID=uid-{i}"
+            ),
         )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    child.stdin.take().context("stdin")?.write_all(netconf.as_bytes())?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(netconf.as_bytes())?;
     let out = child.wait_with_output()?;
     let took = started.elapsed().as_secs_f64() * 1000.0;
     if !out.status.success() {
-        bail!("{} ADD failed: {}", binary.display(), String::from_utf8_lossy(&out.stdout));
+        bail!(
+            "{} ADD failed: {}",
+            binary.display(),
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
     Ok(took)
 }
@@ -87,7 +100,8 @@ fn answer_200(listener: UnixListener) {
                 break;
             }
         }
-        let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        let _ =
+            stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     }
 }
 
@@ -98,7 +112,11 @@ fn complete(request: &[u8]) -> bool {
     };
     let length = head
         .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().to_owned())
+        })
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(0);
     body.len() >= length

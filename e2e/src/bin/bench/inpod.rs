@@ -50,9 +50,19 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     let pct = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
     let mut figures = vec![
         single("ZDS add to ack p50 (incl. cert mint)", "ms", pct(0.5), ""),
-        single("ZDS add to ack p99 (incl. cert mint)", "ms", pct(0.99), "< 5 ms"),
+        single(
+            "ZDS add to ack p99 (incl. cert mint)",
+            "ms",
+            pct(0.99),
+            "< 5 ms",
+        ),
         single("ztunnel RSS, no pods", "MiB", rss_before / 1024.0, ""),
-        single(&format!("ztunnel RSS, {} idle pods", plan.pods), "MiB", rss_after / 1024.0, ""),
+        single(
+            &format!("ztunnel RSS, {} idle pods", plan.pods),
+            "MiB",
+            rss_after / 1024.0,
+            "",
+        ),
         single(
             "ztunnel memory per idle pod",
             "KiB",

@@ -43,9 +43,27 @@ fn main() -> Result<()> {
         bail!("the benchmark builds network namespaces: run it as root");
     }
     let plan = if args.quick {
-        Plan { throughput_secs: 2, throughput_reps: 1, pings: 2000, rate_pings: 1000, churn: 200, held: 200, cni_runs: 30, pods: 20 }
+        Plan {
+            throughput_secs: 2,
+            throughput_reps: 1,
+            pings: 2000,
+            rate_pings: 1000,
+            churn: 200,
+            held: 200,
+            cni_runs: 30,
+            pods: 20,
+        }
     } else {
-        Plan { throughput_secs: 10, throughput_reps: 3, pings: 20000, rate_pings: 5000, churn: 2000, held: 1000, cni_runs: 200, pods: 100 }
+        Plan {
+            throughput_secs: 10,
+            throughput_reps: 3,
+            pings: 20000,
+            rate_pings: 5000,
+            churn: 2000,
+            held: 1000,
+            cni_runs: 200,
+            pods: 100,
+        }
     };
     // Both nodes' ztunnels share this machine's two cores; in a cluster each would
     // have its node to itself. One worker each models that (override with the env).

@@ -5,7 +5,12 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     // Fields after the command name (which may contain spaces) start after ") ".
     let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     field(11) + field(12) // utime, stime
 }
 

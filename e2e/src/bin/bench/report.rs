@@ -17,7 +17,13 @@ pub struct Figure {
     pub samples_mesh: Vec<f64>,
 }
 
-pub fn ratio(name: &str, unit: &'static str, direct: Vec<f64>, meshed: Vec<f64>, goal: &'static str) -> Figure {
+pub fn ratio(
+    name: &str,
+    unit: &'static str,
+    direct: Vec<f64>,
+    meshed: Vec<f64>,
+    goal: &'static str,
+) -> Figure {
     let (d, m) = (median(&direct), median(&meshed));
     Figure {
         name: name.to_owned(),
@@ -67,7 +73,10 @@ pub fn median(samples: &[f64]) -> f64 {
 }
 
 pub fn print_table(figures: &[Figure]) {
-    println!("{:<48} {:>12} {:>12} {:>14}  {:<8} goal", "figure", "direct", "mesh", "ratio", "unit");
+    println!(
+        "{:<48} {:>12} {:>12} {:>14}  {:<8} goal",
+        "figure", "direct", "mesh", "ratio", "unit"
+    );
     for f in figures {
         let direct = f.direct.map_or("-".to_owned(), |d| format!("{d:.3}"));
         let ratio = match (f.ratio, f.ratio_kind) {
@@ -82,7 +91,9 @@ pub fn print_table(figures: &[Figure]) {
         } else {
             String::new()
         };
-        println!("{:<48} {:>12} {:>12.3} {:>14}  {:<8} {}{}", f.name, direct, f.mesh, ratio, f.unit, f.goal, spread);
+        println!(
+            "{:<48} {:>12} {:>12.3} {:>14}  {:<8} {}{}",
+            f.name, direct, f.mesh, ratio, f.unit, f.goal, spread
+        );
     }
 }
-

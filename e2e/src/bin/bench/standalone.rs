@@ -23,20 +23,35 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     let iperf_direct = iperf_server(&topology.b, 5202)?;
     let mut figures = Vec::new();
 
-    eprintln!("throughput: single stream, {} x {} s each way...", plan.throughput_reps, plan.throughput_secs);
+    eprintln!(
+        "throughput: single stream, {} x {} s each way...",
+        plan.throughput_reps, plan.throughput_secs
+    );
     figures.push(throughput(&topology.a, &plan, 1)?);
     eprintln!("throughput: 8 streams...");
     figures.push(throughput(&topology.a, &plan, 8)?);
 
-    eprintln!("latency: {} round trips of 64 bytes on one connection...", plan.pings);
+    eprintln!(
+        "latency: {} round trips of 64 bytes on one connection...",
+        plan.pings
+    );
     let direct = ping(&topology.a, DIRECT_ECHO_PORT, plan.pings, 0)?;
     let meshed = ping(&topology.a, ECHO_PORT, plan.pings, 0)?;
     for (key, label, goal) in [
-        ("p50_us", "added latency p50", "<= 100 µs added (Istio ~120)"),
+        (
+            "p50_us",
+            "added latency p50",
+            "<= 100 µs added (Istio ~120)",
+        ),
         ("p99_us", "added latency p99", ""),
         ("p999_us", "added latency p99.9", ""),
     ] {
-        figures.push(added(label, direct[key].as_f64().unwrap_or(0.0), meshed[key].as_f64().unwrap_or(0.0), goal));
+        figures.push(added(
+            label,
+            direct[key].as_f64().unwrap_or(0.0),
+            meshed[key].as_f64().unwrap_or(0.0),
+            goal,
+        ));
     }
 
     eprintln!("latency at ~1000 req/s with ztunnel CPU...");
@@ -49,7 +64,12 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     let rate = plan.rate_pings as f64 / elapsed;
     let vcpu = (cpu_after - cpu_before) as f64 / clock_ticks() / elapsed;
     figures.push(single("paced rate (req/s)", "req/s", rate, ""));
-    figures.push(single("paced p50 latency", "µs", paced["p50_us"].as_f64().unwrap_or(0.0), ""));
+    figures.push(single(
+        "paced p50 latency",
+        "µs",
+        paced["p50_us"].as_f64().unwrap_or(0.0),
+        "",
+    ));
     figures.push(single(
         "ztunnel CPU per 1000 req/s (both ends)",
         "vCPU",
@@ -57,7 +77,10 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
         "Istio ~0.06 vCPU",
     ));
 
-    eprintln!("connection churn: {} short connections each way...", plan.churn);
+    eprintln!(
+        "connection churn: {} short connections each way...",
+        plan.churn
+    );
     let direct = churn(&topology.a, DIRECT_ECHO_PORT, plan.churn)?;
     let meshed = churn(&topology.a, ECHO_PORT, plan.churn)?;
     figures.push(ratio(
@@ -74,7 +97,10 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
         "",
     ));
 
-    eprintln!("pooling: {} concurrent connections to one destination...", plan.held);
+    eprintln!(
+        "pooling: {} concurrent connections to one destination...",
+        plan.held
+    );
     let (hbone_connections, rss_held) = hold(&topology, plan.held)?;
     figures.push(single(
         &format!("HBONE connections for {} user connections", plan.held),
@@ -82,7 +108,12 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
         hbone_connections as f64,
         "ceil(N/100)",
     ));
-    figures.push(single("ztunnel RSS at start (client side)", "MiB", rss_idle / 1024.0, ""));
+    figures.push(single(
+        "ztunnel RSS at start (client side)",
+        "MiB",
+        rss_idle / 1024.0,
+        "",
+    ));
     figures.push(single(
         &format!("ztunnel RSS with {} connections (client side)", plan.held),
         "MiB",
@@ -114,7 +145,11 @@ fn throughput(a: &Netns, plan: &Plan, streams: u32) -> Result<Figure> {
     } else {
         format!("throughput, {streams} streams (median)")
     };
-    let goal = if streams == 1 { ">= 0.45 of direct (Istio ~0.34)" } else { "" };
+    let goal = if streams == 1 {
+        ">= 0.45 of direct (Istio ~0.34)"
+    } else {
+        ""
+    };
     Ok(ratio(&name, "Gbit/s", direct, meshed, goal))
 }
 
@@ -139,11 +174,31 @@ fn iperf(a: &Netns, port: u16, secs: u32, streams: u32) -> Result<f64> {
 }
 
 fn ping(a: &Netns, port: u16, count: u64, interval_ms: u64) -> Result<serde_json::Value> {
-    app(a, &["ping", "--connect", &format!("{SERVER_IP}:{port}"), "--count", &count.to_string(), "--interval-ms", &interval_ms.to_string()])
+    app(
+        a,
+        &[
+            "ping",
+            "--connect",
+            &format!("{SERVER_IP}:{port}"),
+            "--count",
+            &count.to_string(),
+            "--interval-ms",
+            &interval_ms.to_string(),
+        ],
+    )
 }
 
 fn churn(a: &Netns, port: u16, count: u64) -> Result<serde_json::Value> {
-    app(a, &["churn", "--connect", &format!("{SERVER_IP}:{port}"), "--count", &count.to_string()])
+    app(
+        a,
+        &[
+            "churn",
+            "--connect",
+            &format!("{SERVER_IP}:{port}"),
+            "--count",
+            &count.to_string(),
+        ],
+    )
 }
 
 fn app(a: &Netns, args: &[&str]) -> Result<serde_json::Value> {
@@ -161,7 +216,15 @@ fn hold(topology: &Standalone, count: u64) -> Result<(usize, u64)> {
     let mut child = topology
         .a
         .command(binary.to_str().context("path")?)
-        .args(["hold", "--connect", &format!("{SERVER_IP}:{ECHO_PORT}"), "--count", &count.to_string(), "--hold-secs", "60"])
+        .args([
+            "hold",
+            "--connect",
+            &format!("{SERVER_IP}:{ECHO_PORT}"),
+            "--count",
+            &count.to_string(),
+            "--hold-secs",
+            "60",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -171,13 +234,19 @@ fn hold(topology: &Standalone, count: u64) -> Result<(usize, u64)> {
         let _ = child.kill();
         bail!("hold failed: {line}");
     }
-    let hbone = wait_for("HBONE connections to settle", Duration::from_secs(5), || {
-        let out = topology.a.stdout(&["ss", "-Htn", "state", "established", "( dport = :15008 )"]).ok()?;
-        Some(out.lines().filter(|l| !l.trim().is_empty()).count())
-    })?;
+    let hbone = wait_for(
+        "HBONE connections to settle",
+        Duration::from_secs(5),
+        || {
+            let out = topology
+                .a
+                .stdout(&["ss", "-Htn", "state", "established", "( dport = :15008 )"])
+                .ok()?;
+            Some(out.lines().filter(|l| !l.trim().is_empty()).count())
+        },
+    )?;
     let rss = rss_kib(topology.ztunnel_a.pid());
     let _ = child.kill();
     let _ = child.wait();
     Ok((hbone, rss))
 }
-
