@@ -1,6 +1,6 @@
 //! kube-apiserver-lite against real clients: kube-rs (CRUD, patches, the status
 //! subresource, watchers with selectors, 410 recovery, restarts of the real binary)
-//! and, when installed (scripts/install-kubectl.sh), a real kubectl.
+//! and, when installed (scripts/install-chart-tools.sh), a real kubectl.
 //! No root needed: everything listens on 127.0.0.1.
 
 use std::collections::BTreeSet;
@@ -626,7 +626,7 @@ async fn binary_restart_with_state_file_and_watcher_recovery() {
     drop(server);
 }
 
-/// kubectl from scripts/install-kubectl.sh, else one on PATH.
+/// kubectl from scripts/install-chart-tools.sh, else one on PATH.
 fn kubectl() -> Option<PathBuf> {
     let candidates = [
         PathBuf::from("/usr/local/bin/kubectl"),
@@ -672,7 +672,7 @@ impl Kubectl {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_label_annotate_apply_create_delete() {
     let Some(bin) = kubectl() else {
-        eprintln!("skipping: kubectl not installed (run scripts/install-kubectl.sh)");
+        eprintln!("skipping: kubectl not installed (run scripts/install-chart-tools.sh)");
         return;
     };
     let (control, client) = start(Options::default()).await;
