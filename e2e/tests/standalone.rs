@@ -197,3 +197,55 @@ fn capture_rules_apply_idempotently_and_remove_cleanly() -> Result<()> {
     assert_eq!(strip(&before), strip(&after));
     Ok(())
 }
+
+#[test]
+fn sigterm_drains_in_flight_connections_and_refuses_new_ones() -> Result<()> {
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let mut mesh = Standalone::new("s3")?;
+    let app = mesh::binary("e2e-app")?;
+    // About 1.5 s of round trips: shorter than ztunnel's default 5 s drain deadline.
+    let mut cmd = mesh.a.command(app.to_str().unwrap());
+    cmd.args([
+        "ping",
+        "--connect",
+        &format!("{SERVER_IP}:{ECHO_PORT}"),
+        "--count",
+        "150",
+        "--interval-ms",
+        "10",
+    ]);
+    let mut pinger = ChildGuard::spawn(&format!("drain-ping-{}", mesh.a.name()), cmd)?;
+    wait_for("the connection to be up", Duration::from_secs(10), || {
+        let source = ztunnel_metrics(&mesh.a).ok()?;
+        (metric_sum(
+            &source,
+            "istio_tcp_received_bytes_total",
+            &[("reporter", "source")],
+        ) > 64.0)
+            .then_some(())
+    })?;
+
+    mesh.ztunnel_a.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        mesh.send(&format!("{SERVER_IP}:{SINK_PORT}"), 10).is_err(),
+        "a draining ztunnel accepts no new connections"
+    );
+    let status = pinger
+        .wait_timeout(Duration::from_secs(10))
+        .expect("ping finished");
+    assert!(
+        status.success(),
+        "the in-flight connection finished: {}",
+        pinger.log()
+    );
+    let exit = mesh
+        .ztunnel_a
+        .wait_timeout(Duration::from_secs(10))
+        .expect("ztunnel exited after draining");
+    assert!(exit.success(), "{}", mesh.ztunnel_a.log());
+    assert!(mesh.ztunnel_a.log().contains("draining"));
+    Ok(())
+}

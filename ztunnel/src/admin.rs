@@ -141,3 +141,112 @@ fn rfc3339(t: SystemTime) -> String {
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{CertificateAuthority, Identity};
+    use bytes::Bytes;
+    use std::time::Duration;
+
+    fn admin() -> Admin {
+        let ca = CertificateAuthority::generate_self_signed("cluster.local").unwrap();
+        let certs = SecretManager::new(Arc::new(ca), Duration::from_secs(3600));
+        certs
+            .fetch(&Identity::new("cluster.local", "ns", "sa"))
+            .unwrap();
+        Admin {
+            state: StateStore::new(),
+            certs,
+            logging: None,
+            shutdown: CancellationToken::new(),
+            config: json!({"proxyMode": "Dedicated"}),
+            extra: Arc::new(serde_json::Map::new),
+        }
+    }
+
+    fn request(method: Method, path: &str, query: Option<&str>) -> SimpleRequest {
+        SimpleRequest {
+            method,
+            path: path.into(),
+            query: query.map(str::to_owned),
+            body: Bytes::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn config_dump_has_istio_keys_and_certificates() {
+        let admin = admin();
+        let dump = admin.config_dump();
+        for key in [
+            "workloads",
+            "services",
+            "policies",
+            "certificates",
+            "config",
+            "version",
+        ] {
+            assert!(dump.get(key).is_some(), "missing {key}: {dump}");
+        }
+        let cert = &dump["certificates"][0];
+        assert_eq!(cert["identity"], "spiffe://cluster.local/ns/ns/sa/sa");
+        assert_eq!(cert["state"], "Available");
+        assert!(cert["certChain"][0]["pem"]
+            .as_str()
+            .unwrap()
+            .starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(cert["certChain"][0]["expirationTime"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z'));
+        let response = admin
+            .handle(request(Method::GET, "/config_dump", None))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn quitquitquit_requests_shutdown() {
+        let admin = admin();
+        assert_eq!(
+            admin
+                .handle(request(Method::GET, "/quitquitquit", None))
+                .await
+                .status(),
+            StatusCode::NOT_FOUND
+        );
+        assert!(!admin.shutdown.is_cancelled());
+        assert_eq!(
+            admin
+                .handle(request(Method::POST, "/quitquitquit", None))
+                .await
+                .status(),
+            StatusCode::OK
+        );
+        assert!(admin.shutdown.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn logging_changes_the_filter_and_refuses_bad_levels() {
+        let (filter, handle) =
+            tracing_subscriber::reload::Layer::new(tracing_subscriber::EnvFilter::new("info"));
+        let _subscriber =
+            tracing_subscriber::layer::SubscriberExt::with(tracing_subscriber::registry(), filter);
+        let mut admin = admin();
+        admin.logging = Some(LogHandle::from_handle(handle));
+        let ok = admin
+            .handle(request(Method::POST, "/logging", Some("level=debug")))
+            .await;
+        assert_eq!(ok.status(), StatusCode::OK);
+        let bad = admin
+            .handle(request(
+                Method::POST,
+                "/logging",
+                Some("level=ztunnel=[bogus"),
+            ))
+            .await;
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+        let missing = admin.handle(request(Method::POST, "/logging", None)).await;
+        assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+    }
+}

@@ -11,6 +11,11 @@ pub struct LogHandle {
 }
 
 impl LogHandle {
+    /// Wraps a reload handle (the process's, or a test's own subscriber).
+    pub fn from_handle(handle: reload::Handle<EnvFilter, Registry>) -> Self {
+        LogHandle { handle }
+    }
+
     /// Replaces the filter with `directives` (e.g. `debug` or `info,ztunnel::proxy=debug`).
     pub fn set(&self, directives: &str) -> Result<(), String> {
         let filter = EnvFilter::try_new(directives)
