@@ -84,6 +84,11 @@ pub static RESOURCES: &[Resource] = &[
     res("apps", V1, "deployments", "deployment", "Deployment", true, &["deploy"], true),
     res("discovery.k8s.io", V1, "endpointslices", "endpointslice", "EndpointSlice", true, &[], false),
     res("coordination.k8s.io", V1, "leases", "lease", "Lease", true, &[], false),
+    res("rbac.authorization.k8s.io", V1, "clusterroles", "clusterrole", "ClusterRole", false, &[], false),
+    res("rbac.authorization.k8s.io", V1, "clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding", false, &[], false),
+    res("rbac.authorization.k8s.io", V1, "roles", "role", "Role", true, &[], false),
+    res("rbac.authorization.k8s.io", V1, "rolebindings", "rolebinding", "RoleBinding", true, &[], false),
+    res("apiextensions.k8s.io", V1, "customresourcedefinitions", "customresourcedefinition", "CustomResourceDefinition", false, &["crd"], true),
     res("security.istio.io", ISTIO, "authorizationpolicies", "authorizationpolicy", "AuthorizationPolicy", true, &["ap"], true),
     res("security.istio.io", ISTIO, "peerauthentications", "peerauthentication", "PeerAuthentication", true, &["pa"], true),
 ];

@@ -1,0 +1,247 @@
+//! Command-line surface (clap derive). Only flags live here; each command's logic
+//! lives in its own module.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "istioctl-lite",
+    version,
+    about = "Operate the ambient data plane: install, enroll namespaces, inspect ztunnel, precheck"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command accepts, like kubectl's.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        global = true,
+        value_enum,
+        default_value = "table"
+    )]
+    pub output: Output,
+    /// Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use (default: the current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Render the cni and ztunnel charts with helm and server-side apply them.
+    Install(InstallArgs),
+    /// Delete exactly the objects the charts render (CRDs stay unless --purge).
+    Uninstall(UninstallArgs),
+    /// Mesh CA helpers.
+    Ca {
+        #[command(subcommand)]
+        command: CaCommand,
+    },
+    /// Enroll (enable) or remove (disable) a namespace from ambient mode.
+    DataplaneMode {
+        #[command(subcommand)]
+        command: DataplaneCommand,
+    },
+    /// Show ztunnel's configuration from its /config_dump.
+    ZtunnelConfig(ZtunnelConfigArgs),
+    /// Check a node and the cluster before installing.
+    Precheck(PrecheckArgs),
+}
+
+/// How the charts are found and rendered; shared by install and uninstall.
+#[derive(Args, Debug, Clone)]
+pub struct ChartArgs {
+    /// Directory holding the `cni` and `ztunnel` charts (default: `charts` beside
+    /// the binary, else the repository's manifests/charts).
+    #[arg(long)]
+    pub charts_dir: Option<PathBuf>,
+    /// Namespace of the releases.
+    #[arg(short = 'n', long, default_value = "istio-system")]
+    pub namespace: String,
+    /// Chart value, repeatable. `cni.KEY=V` goes to the cni chart only,
+    /// `ztunnel.KEY=V` to the ztunnel chart only, anything else to both.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Skip objects whose kind the API server does not serve (with a warning)
+    /// instead of failing.
+    #[arg(long)]
+    pub skip_unknown_kinds: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct InstallArgs {
+    #[command(flatten)]
+    pub charts: ChartArgs,
+    /// Print the rendered manifests instead of applying them.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Wait for the DaemonSets to be ready (`--wait=false` to return at once).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub wait: bool,
+    /// How long to wait for readiness, e.g. 90s, 5m.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct UninstallArgs {
+    #[command(flatten)]
+    pub charts: ChartArgs,
+    /// Also delete CustomResourceDefinitions the charts render.
+    #[arg(long)]
+    pub purge: bool,
+    /// Print what would be deleted without deleting it.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CaCommand {
+    /// Create the `cacerts` Secret (Istio plug-in CA layout) from a fresh root or files.
+    Init(CaInitArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CaInitArgs {
+    /// Namespace of the Secret.
+    #[arg(short = 'n', long, default_value = "istio-system")]
+    pub namespace: String,
+    /// Use ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem from this directory
+    /// instead of generating a fresh root.
+    #[arg(long)]
+    pub from_dir: Option<PathBuf>,
+    /// Trust domain of a freshly generated root.
+    #[arg(long, default_value = "cluster.local")]
+    pub trust_domain: String,
+    /// Replace an existing Secret (by default an existing one is left alone).
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DataplaneCommand {
+    /// Label the namespace istio.io/dataplane-mode=ambient and wait for enrollment.
+    Enable(DataplaneArgs),
+    /// Remove the label and wait for the pods to leave the mesh.
+    Disable(DataplaneArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DataplaneArgs {
+    /// The namespace.
+    pub namespace: String,
+    /// How long to wait for every running pod to reach the wanted state.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSection {
+    Workloads,
+    Services,
+    Policies,
+    Certificates,
+    Connections,
+    All,
+}
+
+#[derive(Args, Debug)]
+pub struct ZtunnelConfigArgs {
+    /// What to show.
+    #[arg(value_enum)]
+    pub section: ConfigSection,
+    /// Read the dump from a file (`curl localhost:15000/config_dump > FILE`).
+    #[arg(short = 'f', long = "file", conflicts_with = "ztunnel_admin")]
+    pub file: Option<PathBuf>,
+    /// ztunnel admin address (HOST:PORT), e.g. via `kubectl port-forward ds/ztunnel 15000`.
+    #[arg(long)]
+    pub ztunnel_admin: Option<String>,
+    /// Only workloads on this node; without -f/--ztunnel-admin also selects the
+    /// ztunnel pod on this node (reached at podIP:15000, which needs its
+    /// ADMIN_ADDR bound to 0.0.0.0).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Only objects in this namespace.
+    #[arg(long)]
+    pub workload_namespace: Option<String>,
+    /// Only workloads with this IP address.
+    #[arg(long)]
+    pub address: Option<String>,
+    /// Namespace of the ztunnel pods (kube lookup).
+    #[arg(long, default_value = "istio-system")]
+    pub istio_namespace: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PrecheckArgs {
+    /// CNI network configuration directory of the node.
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// CNI plugin binary directory of the node.
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    /// Skip the checks of this machine (run from an operator's laptop).
+    #[arg(long)]
+    pub skip_node: bool,
+    /// Skip the checks against the API server.
+    #[arg(long)]
+    pub skip_cluster: bool,
+}
+
+/// `500ms`, `30s`, `5m`, `1h`, or bare seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (e.g. 30s, 5m)"))?;
+    match unit {
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("invalid duration unit in {s:?} (ms, s, m, h)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("3d").is_err());
+    }
+}

@@ -1,0 +1,400 @@
+//! Runs the real binary against the e2e crate's local API server (no controllers:
+//! the test plays the DaemonSet controller and the node agent by patching status and
+//! annotations).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::Client;
+
+const BIN: &str = env!("CARGO_BIN_EXE_istioctl-lite");
+
+struct Cluster {
+    kubeconfig: PathBuf,
+    client: Client,
+    _control: e2e::apiserver::Control,
+    _dir: tempfile::TempDir,
+}
+
+async fn cluster() -> Cluster {
+    let server = e2e::apiserver::ApiServer::bind("127.0.0.1:0", None)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    e2e::apiserver::write_kubeconfig(&kubeconfig, &server.url()).unwrap();
+    let control = server.spawn();
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = Client::try_from(config).unwrap();
+    Cluster {
+        kubeconfig,
+        client,
+        _control: control,
+        _dir: dir,
+    }
+}
+
+async fn run(kubeconfig: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(BIN);
+    if let Some(k) = kubeconfig {
+        cmd.arg("--kubeconfig").arg(k);
+    }
+    let out = cmd.args(args).output().await.unwrap();
+    eprintln!(
+        "$ istioctl-lite {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn helm_missing() -> bool {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("helm").is_file()))
+        .unwrap_or(false);
+    if !found {
+        eprintln!("skipped: helm is not on PATH (scripts/install-chart-tools.sh installs it)");
+    }
+    !found
+}
+
+fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(name)
+}
+
+const INSTALL: &[&str] = &["install", "--set", "image.tag=test"];
+
+fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+    base.iter().chain(extra).copied().collect()
+}
+
+async fn mark_ready(client: &Client, name: &str) {
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), "istio-system");
+    let status = serde_json::json!({"status": {"desiredNumberScheduled": 1, "numberReady": 1, "currentNumberScheduled": 1, "numberMisscheduled": 0}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn install_is_idempotent_waits_for_readiness_and_uninstalls() {
+    if helm_missing() {
+        return;
+    }
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+
+    let out = run(k, &with(INSTALL, &["--wait=false"])).await;
+    assert!(out.status.success());
+    let ds: Api<DaemonSet> = Api::namespaced(c.client.clone(), "istio-system");
+    let sa: Api<ServiceAccount> = Api::namespaced(c.client.clone(), "istio-system");
+    let cm: Api<ConfigMap> = Api::namespaced(c.client.clone(), "istio-system");
+    let ztunnel = ds.get("ztunnel").await.unwrap();
+    let image = ztunnel.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap();
+    assert!(image.ends_with(":test"), "--set reached the chart: {image}");
+    ds.get("istio-cni-node").await.unwrap();
+    sa.get("ztunnel").await.unwrap();
+    sa.get("istio-cni").await.unwrap();
+    cm.get("istio-cni-config").await.unwrap();
+    Api::<Namespace>::all(c.client.clone())
+        .get("istio-system")
+        .await
+        .unwrap();
+
+    // Idempotent: a second run converges on the same objects.
+    let out = run(k, &with(INSTALL, &["--wait=false"])).await;
+    assert!(out.status.success());
+
+    // Nothing makes the DaemonSets ready: the wait times out cleanly.
+    let out = run(k, &with(INSTALL, &["--timeout", "2s"])).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"));
+
+    mark_ready(&c.client, "ztunnel").await;
+    mark_ready(&c.client, "istio-cni-node").await;
+    let out = run(k, &with(INSTALL, &["--timeout", "20s"])).await;
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("installation complete"));
+    let progress = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        progress.contains("DaemonSet istio-system/ztunnel: 1/1 ready"),
+        "{progress}"
+    );
+
+    let roles: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster_role_resource());
+    assert!(
+        roles.get_opt("ztunnel").await.unwrap().is_some(),
+        "RBAC is applied too"
+    );
+
+    let out = run(k, &["uninstall"]).await;
+    assert!(out.status.success());
+    assert!(ds.get_opt("ztunnel").await.unwrap().is_none());
+    assert!(ds.get_opt("istio-cni-node").await.unwrap().is_none());
+    assert!(sa.get_opt("ztunnel").await.unwrap().is_none());
+    assert!(sa.get_opt("istio-cni").await.unwrap().is_none());
+    assert!(cm.get_opt("istio-cni-config").await.unwrap().is_none());
+    assert!(roles.get_opt("ztunnel").await.unwrap().is_none());
+}
+
+fn cluster_role_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+        "clusterroles",
+    )
+}
+
+#[tokio::test]
+async fn install_dry_run_prints_the_charts() {
+    if helm_missing() {
+        return;
+    }
+    let out = run(None, &["install", "--dry-run"]).await;
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(
+        text.contains("kind: DaemonSet")
+            && text.contains("name: ztunnel")
+            && text.contains("name: istio-cni-node")
+    );
+}
+
+async fn make_pod(client: &Client, name: &str, annotation: Option<&str>, host_network: bool) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "demo");
+    let mut pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "app", "image": "app"}], "hostNetwork": host_network},
+    });
+    if let Some(a) = annotation {
+        pod["metadata"]["annotations"] = serde_json::json!({"ambient.istio.io/redirection": a});
+    }
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .unwrap();
+    let status = serde_json::json!({"status": {"phase": "Running"}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn dataplane_mode_labels_and_reports_enrollment() {
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "demo"}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    make_pod(&c.client, "enrolled", Some("enabled"), false).await;
+    make_pod(&c.client, "waiting", None, false).await;
+    make_pod(&c.client, "host", None, true).await;
+
+    let out = run(k, &["dataplane-mode", "enable", "demo", "--timeout", "1s"]).await;
+    assert!(!out.status.success(), "a pod is not enrolled");
+    let text = stdout(&out);
+    assert!(
+        text.contains("enrolled enabled") && text.contains("waiting  absent"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("host"),
+        "hostNetwork pods are not enrolled: {text}"
+    );
+    let labels = namespaces
+        .get("demo")
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("istio.io/dataplane-mode").map(String::as_str),
+        Some("ambient")
+    );
+
+    // The agent catches up.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "demo");
+    let patch = serde_json::json!({"metadata": {"annotations": {"ambient.istio.io/redirection": "enabled"}}});
+    pods.patch("waiting", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let out = run(
+        k,
+        &[
+            "-o",
+            "json",
+            "dataplane-mode",
+            "enable",
+            "demo",
+            "--timeout",
+            "5s",
+        ],
+    )
+    .await;
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report.as_array().map(Vec::len), Some(2));
+
+    let out = run(k, &["dataplane-mode", "disable", "demo", "--timeout", "1s"]).await;
+    assert!(!out.status.success(), "pods still carry the annotation");
+    let labels = namespaces
+        .get("demo")
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert!(!labels.contains_key("istio.io/dataplane-mode"));
+}
+
+#[tokio::test]
+async fn ca_init_creates_the_plugin_secret() {
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "ca-cert.pem",
+        "ca-key.pem",
+        "root-cert.pem",
+        "cert-chain.pem",
+    ] {
+        std::fs::write(dir.path().join(name), format!("-----BEGIN {name}-----\n")).unwrap();
+    }
+    let from = dir.path().to_str().unwrap();
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "istio-system"}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let out = run(k, &["ca", "init", "--from-dir", from]).await;
+    assert!(out.status.success());
+    let secrets: Api<Secret> = Api::namespaced(c.client.clone(), "istio-system");
+    let data = secrets.get("cacerts").await.unwrap().data.unwrap();
+    assert_eq!(data.len(), 4);
+    assert!(String::from_utf8_lossy(&data["ca-key.pem"].0).contains("BEGIN ca-key.pem"));
+    // A second run leaves the existing Secret alone.
+    let out = run(k, &["ca", "init", "--from-dir", from]).await;
+    assert!(out.status.success() && stdout(&out).contains("already exists"));
+
+    // A fresh root from the ztunnel binary built beside us (skipped if absent).
+    let ztunnel = Path::new(BIN).with_file_name("ztunnel");
+    if !ztunnel.is_file() {
+        eprintln!(
+            "skipped the fresh-root case: {} not built",
+            ztunnel.display()
+        );
+        return;
+    }
+    let out = run(k, &["ca", "init", "--overwrite"]).await;
+    assert!(out.status.success());
+    let data = secrets.get("cacerts").await.unwrap().data.unwrap();
+    let root = String::from_utf8_lossy(&data["root-cert.pem"].0).into_owned();
+    assert!(root.starts_with("-----BEGIN CERTIFICATE-----"), "{root}");
+    assert!(String::from_utf8_lossy(&data["ca-key.pem"].0).contains("PRIVATE KEY"));
+}
+
+#[tokio::test]
+async fn ztunnel_config_prints_istio_tables_from_a_dump_file() {
+    let dump = testdata("dump.json");
+    let dump = dump.to_str().unwrap();
+    for (section, golden) in [
+        ("workloads", "workloads.txt"),
+        ("services", "services.txt"),
+        ("policies", "policies.txt"),
+        ("connections", "connections.txt"),
+    ] {
+        let out = run(None, &["ztunnel-config", section, "-f", dump]).await;
+        assert!(out.status.success());
+        assert_eq!(
+            stdout(&out),
+            std::fs::read_to_string(testdata(golden)).unwrap()
+        );
+    }
+    let out = run(
+        None,
+        &[
+            "ztunnel-config",
+            "workloads",
+            "-f",
+            dump,
+            "--workload-namespace",
+            "legacy",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    let workloads: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(workloads[0]["name"], "db-0");
+    assert_eq!(workloads.as_array().map(Vec::len), Some(1));
+    let out = run(None, &["ztunnel-config", "certificates", "-f", dump]).await;
+    assert!(stdout(&out).starts_with("CERTIFICATE NAME "));
+    let out = run(
+        None,
+        &[
+            "ztunnel-config",
+            "workloads",
+            "-f",
+            "/nonexistent/dump.json",
+        ],
+    )
+    .await;
+    assert!(!out.status.success());
+}
+
+#[tokio::test]
+async fn every_command_has_help() {
+    for args in [
+        &["--help"][..],
+        &["install", "--help"],
+        &["uninstall", "--help"],
+        &["ca", "init", "--help"],
+        &["dataplane-mode", "enable", "--help"],
+        &["dataplane-mode", "disable", "--help"],
+        &["ztunnel-config", "--help"],
+        &["precheck", "--help"],
+    ] {
+        let out = run(None, args).await;
+        assert!(
+            out.status.success() && stdout(&out).contains("Usage:"),
+            "{args:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn precheck_reports_cluster_facts() {
+    let c = cluster().await;
+    let out = run(Some(&c.kubeconfig), &["precheck", "--skip-node"]).await;
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(
+        text.contains("✔ API server reachable") && text.contains("no existing DaemonSet ztunnel"),
+        "{text}"
+    );
+}
