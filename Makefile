@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build build-release test lint fmt demo bench bench-quick clean
+.PHONY: setup build build-release test lint fmt demo demo-up bench bench-quick clean
 
 setup:
 	./scripts/setup.sh
@@ -29,6 +29,10 @@ fmt:
 # The local demo mesh (needs root).
 demo: setup build
 	$(CARGO) run -q -p e2e --bin demo
+
+# The same cluster left running until Ctrl-C, with kubectl/istioctl-lite instructions.
+demo-up: setup build
+	$(CARGO) run -q -p e2e --bin demo -- --up
 
 # Mesh against direct, side by side (needs root). bench-quick is the short run CI uses.
 bench: setup build-release

@@ -3,7 +3,9 @@
 //! config appears), then the installer and its watch. On shutdown the chain entry stays
 //! (fail closed: new pods wait for the next agent) unless uninstall was asked for.
 
+use crate::cmdadd::EnrollOnAdd;
 use crate::enablement;
+use crate::engine::{self, AmbientConfig};
 use crate::health;
 use crate::install::watch::{self, WatchSettings};
 use crate::install::{InstallConfig, Installer};
@@ -33,6 +35,8 @@ pub struct AgentConfig {
     /// starting outside the mesh.
     pub uninstall_on_exit: bool,
     pub watch: WatchSettings,
+    /// The enrollment engine; `None` (`AMBIENT_ENABLED=false`) keeps the given handler.
+    pub ambient: Option<AmbientConfig>,
 }
 
 /// Runs until `shutdown` fires (or the installer's watch fails), then cleans up as
@@ -55,6 +59,20 @@ pub async fn run(
     tracing::info!(address = %health.local_addr()?, "health probes listening");
     tokio::spawn(health::serve(health, readiness.clone(), serve_stop.clone()));
 
+    // The engine keeps serving until the very end; its in-pod rules outlive us.
+    let handler: Arc<dyn CmdAddHandler> = match &config.ambient {
+        Some(ambient) => {
+            let enroller = engine::start(
+                ambient,
+                config.run_dir.clone(),
+                readiness.clone(),
+                serve_stop.clone(),
+            )
+            .await?;
+            Arc::new(EnrollOnAdd::new(enroller))
+        }
+        None => handler,
+    };
     uds::start(&config.run_dir, handler, serve_stop.clone())?;
     let excluded = &config.install.settings.exclude_namespaces;
     let state = enablement::initial_state(&config.run_dir, excluded);

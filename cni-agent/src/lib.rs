@@ -5,11 +5,19 @@
 //! One module per concern; [`app`] wires them, `main.rs` only parses flags.
 
 pub mod app;
+pub mod cmdadd;
+pub mod eligibility;
 pub mod enablement;
+pub mod engine;
+pub mod enroll;
 pub mod fsutil;
 pub mod health;
 pub mod http_server;
 pub mod install;
+pub mod kube;
+pub mod metrics;
+pub mod queue;
 pub mod readiness;
 pub mod redirect;
 pub mod uds;
+pub mod zds;

@@ -5,12 +5,14 @@ use anyhow::Context;
 use clap::builder::BoolishValueParser;
 use clap::Parser;
 use cni_agent::app::{self, AgentConfig};
+use cni_agent::eligibility::Selection;
+use cni_agent::engine::{AmbientConfig, BackendChoice};
 use cni_agent::install::conflist::PluginSettings;
 use cni_agent::install::{InstallConfig, DEFAULT_OWNED_CONFIG_NAME, PLUGIN_BINARY_NAME};
 use cni_agent::uds::event::admit_all;
 use shared_types::constants::{
-    AGENT_HEALTH_PORT, DEFAULT_CNI_BIN_DIR, DEFAULT_CNI_CONF_DIR, DEFAULT_CNI_RUN_DIR,
-    SYSTEM_NAMESPACE,
+    AGENT_HEALTH_PORT, AGENT_METRICS_PORT, DEFAULT_CNI_BIN_DIR, DEFAULT_CNI_CONF_DIR,
+    DEFAULT_CNI_RUN_DIR, DEFAULT_ZDS_SOCKET, SYSTEM_NAMESPACE,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -65,6 +67,44 @@ struct Args {
     /// Port of `/healthz` and `/readyz`.
     #[arg(long, env = "CNI_HEALTH_PORT", default_value_t = AGENT_HEALTH_PORT)]
     health_port: u16,
+    /// Enroll ambient pods (in-pod redirection + ZDS). false: install the plugin only.
+    #[arg(long, env = "AMBIENT_ENABLED", num_args = 0..=1, default_value = "true",
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    ambient_enabled: bool,
+    /// This node's name (required when ambient is enabled).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// The ZDS socket ztunnel connects to.
+    #[arg(long, env = "ZTUNNEL_UDS_ADDRESS", default_value = DEFAULT_ZDS_SOCKET)]
+    ztunnel_uds_address: PathBuf,
+    /// The host's /proc as mounted here (pod netns discovery, `/proc/<pid>/ns/net` paths).
+    #[arg(long, env = "HOST_PROC_DIR", default_value = "/proc")]
+    host_proc_dir: PathBuf,
+    /// Where the runtime keeps netns files (informational: event paths open as given).
+    #[arg(long, env = "CNI_NETNS_DIR")]
+    cni_netns_dir: Option<PathBuf>,
+    /// Redirect DNS to ztunnel's DNS proxy (per pod: `ambient.istio.io/dns-capture`).
+    #[arg(long, env = "AMBIENT_DNS_CAPTURE", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    ambient_dns_capture: bool,
+    /// Program ip6tables too (for pods with an IPv6 address).
+    #[arg(long, env = "AMBIENT_IPV6", num_args = 0..=1, default_value = "true",
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    ambient_ipv6: bool,
+    /// On start, verify and repair the rules of pods already enrolled.
+    #[arg(long, env = "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP", num_args = 0..=1,
+          default_value = "true", default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    ambient_reconcile_pod_rules_on_startup: bool,
+    /// How long a CNI ADD waits for enrollment, in seconds (below the plugin's 30 s).
+    #[arg(long, env = "CNI_EVENT_TIMEOUT", default_value_t = 25)]
+    cni_event_timeout: u64,
+    /// Port of `/metrics`.
+    #[arg(long, env = "METRICS_PORT", default_value_t = AGENT_METRICS_PORT)]
+    metrics_port: u16,
+    /// xtables backend: auto-detected from the host's rules, or forced.
+    #[arg(long, env = "IPTABLES_BACKEND", value_enum, default_value = "auto")]
+    iptables_backend: BackendChoice,
 }
 
 /// A bare `*.conflist` name: anything else would not be read by the runtime or would
@@ -90,13 +130,39 @@ impl Args {
             std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))
         };
         let run_dir = absolute(&self.run_dir)?;
-        let exclude_namespaces = self
+        let exclude_namespaces: Vec<String> = self
             .exclude_namespaces
             .into_iter()
             .map(|n| n.trim().to_string())
             .filter(|n| !n.is_empty())
             .collect();
+        let ambient = if self.ambient_enabled {
+            let node_name = self
+                .node_name
+                .filter(|n| !n.is_empty())
+                .context("NODE_NAME is required when AMBIENT_ENABLED is true")?;
+            Some(AmbientConfig {
+                node_name,
+                zds_socket: absolute(&self.ztunnel_uds_address)?,
+                host_proc: self.host_proc_dir,
+                dns_capture: self.ambient_dns_capture,
+                ipv6: self.ambient_ipv6,
+                reconcile_on_startup: self.ambient_reconcile_pod_rules_on_startup,
+                cni_event_timeout: std::time::Duration::from_secs(self.cni_event_timeout.max(1)),
+                metrics_port: self.metrics_port,
+                backend: self.iptables_backend,
+                selection: Selection {
+                    excluded_namespaces: exclude_namespaces.clone(),
+                    system_namespace: self.pod_namespace.clone(),
+                    ..Selection::default()
+                },
+            })
+        } else {
+            None
+        };
+        let _ = self.cni_netns_dir;
         Ok(AgentConfig {
+            ambient,
             install: InstallConfig {
                 conf_dir: absolute(&self.cni_conf_dir)?,
                 bin_dir: absolute(&self.cni_bin_dir)?,

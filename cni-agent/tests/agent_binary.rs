@@ -34,7 +34,9 @@ fn start(name: &str, extra: &[&str]) -> Agent {
     let run_dir = node.root.path().join("run");
     let port = free_port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cni-agent"));
+    // These tests cover the installer and sockets: no cluster, so no enrollment engine.
     cmd.env("RUST_LOG", "debug")
+        .env("AMBIENT_ENABLED", "false")
         .arg("--cni-conf-dir")
         .arg(&node.conf_dir)
         .arg("--cni-bin-dir")

@@ -1,37 +1,338 @@
-//! `make demo`: the standalone mesh, explained as it runs.
-//!
-//! Two "VMs" (network namespaces joined by a veth pair), each with a dedicated
-//! ztunnel configured only through Istio's environment variables and an Istio
-//! local-config file. The client VM's outbound TCP is captured with iptables; the
-//! demo shows the bytes crossing mutual-TLS HBONE with SPIFFE identities, then a
-//! policy closing the door. Everything is torn down at the end.
+//! `make demo`: a two-node ambient cluster in network namespaces, explained as it runs.
+//! `demo --up` leaves it running until Ctrl-C; `demo --standalone` is the two-VM mesh
+//! without Kubernetes.
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use e2e::cluster::LocalCluster;
 use e2e::mesh::{metric_sum, ztunnel_metrics};
 use e2e::process::wait_for;
-use e2e::standalone::*;
+
+#[derive(Parser, Debug)]
+#[command(about = "The local ambient mesh demo (needs root)")]
+struct Args {
+    /// Bring the cluster up, show how to use it, and keep it until Ctrl-C.
+    #[arg(long)]
+    up: bool,
+    /// The standalone demo: two VMs with dedicated ztunnels, no Kubernetes.
+    #[arg(long, conflicts_with = "up")]
+    standalone: bool,
+}
+
+const NS: &str = "demo";
+const WAIT: Duration = Duration::from_secs(30);
 
 fn main() -> Result<()> {
+    let args = Args::parse();
     if !e2e::can_run_root_tests() {
         bail!("the demo builds network namespaces: run it as root (sudo make demo)");
     }
+    if args.standalone {
+        return standalone_demo();
+    }
+    step("Building a 2-node Kubernetes cluster in network namespaces");
+    let cluster = LocalCluster::start("demo")?;
+    println!(
+        "   control plane: kube-apiserver-lite on {} in namespace {}",
+        e2e::cluster::API_ADDR,
+        cluster.control_plane.ns.name()
+    );
+    for node in &cluster.nodes {
+        println!(
+            "   {}: namespace {}, pods {} on bridge cni0 (made by the CNI bridge plugin), running cni-agent + ztunnel",
+            node.name,
+            node.ns.name(),
+            node.pod_cidr()
+        );
+    }
+    println!(
+        "   the node agents chained istio-cni into each node's {}",
+        e2e::cluster::node::BRIDGE_CONFLIST
+    );
+    if args.up {
+        return keep_up(&cluster);
+    }
+    cluster_demo(&cluster)?;
+    step("Tearing everything down");
+    drop(cluster);
+    println!("   done: no namespace, link, rule or process is left behind.");
+    Ok(())
+}
+
+fn cluster_demo(c: &LocalCluster) -> Result<()> {
+    let app = e2e::mesh::binary("e2e-app")?;
+    let app = app.to_str().context("path")?;
+
+    step(
+        "Namespace `demo`: a server pod on node-2 and a client pod on node-1, NOT in the mesh yet",
+    );
+    c.kubectl(&["create", "namespace", NS])?;
+    c.kubectl_apply(&server_manifest())?;
+    let server = c.wait_pod_running(NS, "server", WAIT)?;
+    // The client opens a new connection every second and prints the server's answer.
+    let loop_script = format!(
+        "while true; do {app} send --connect {}:9000 --bytes 1000; sleep 1; done",
+        server.ip
+    );
+    c.kubectl_apply(&client_manifest("client", "client", &loop_script))?;
+    let client = c.wait_pod_running(NS, "client", WAIT)?;
+    println!(
+        "{}",
+        indent(&c.kubectl(&["get", "pods", "-n", NS, "-o", "wide"])?)
+    );
+    println!(
+        "   the client sends 1000 bytes to the server's sink ({}:9000) every second.",
+        server.ip
+    );
+    let before = pod_facts(c, "client")?;
+
+    step(
+        "Enrolling the running pods: kubectl label namespace demo istio.io/dataplane-mode=ambient",
+    );
+    println!(
+        "{}",
+        indent(&c.kubectl(&["label", "namespace", NS, "istio.io/dataplane-mode=ambient"])?)
+    );
+    for pod in ["server", "client"] {
+        c.wait_redirection(NS, pod, Some("enabled"), WAIT).context(
+            "the node agent did not enroll the pod (no ambient.istio.io/redirection=enabled annotation)",
+        )?;
+    }
+    println!(
+        "{}",
+        indent(&c.kubectl(&["get", "pods", "-n", NS, "-o", COLUMNS])?)
+    );
+    println!("   the node agent set up redirection inside each pod's network namespace and handed");
+    println!("   the pod to its node's ztunnel, then wrote the annotation.");
+    let after = pod_facts(c, "client")?;
+    println!("   client before: {before}\n   client after:  {after}");
+    if before != after {
+        bail!("the client pod changed while it was enrolled");
+    }
+    println!("   -> same pod UID, same process, zero restarts: enrolled without a restart.");
+
+    step("What the server's ztunnel (node-2) reports (Prometheus metrics, Istio's names)");
+    let (src, dst) = (
+        "spiffe://cluster.local/ns/demo/sa/client",
+        "spiffe://cluster.local/ns/demo/sa/server",
+    );
+    let labels = [
+        ("reporter", "destination"),
+        ("connection_security_policy", "mutual_tls"),
+        ("source_principal", src),
+        ("destination_principal", dst),
+    ];
+    let bytes = wait_for("mutual-TLS traffic from the client", WAIT, || {
+        let m = ztunnel_metrics(&c.node(2).ns).ok()?;
+        let b = metric_sum(&m, "istio_tcp_received_bytes_total", &labels);
+        (b > 0.0).then_some(b)
+    })?;
+    println!("   source identity:      {src}");
+    println!("   destination identity: {dst}");
+    println!("   bytes received over mutual TLS so far: {bytes}");
+    let source_labels = [
+        ("reporter", "source"),
+        ("source_principal", src),
+        ("destination_principal", dst),
+    ];
+    let source = ztunnel_metrics(&c.node(1).ns).unwrap_or_default();
+    let request = metric_sum(&source, "istio_tcp_received_bytes_total", &source_labels);
+    let response = metric_sum(&source, "istio_tcp_sent_bytes_total", &source_labels);
+    println!("   the client's ztunnel (node-1, reporter=source): {request} request bytes, {response} response bytes.");
+    println!("   -> the client's plain TCP now crosses an HBONE tunnel (HTTP/2 CONNECT over mTLS,");
+    println!("      port 15008) between the two nodes' ztunnels; the app did not change.");
+
+    step("What the server application sees");
+    let answer = wait_for("a fresh answer in the client's log", WAIT, || {
+        let log = c.pod_log(NS, "client")?;
+        log.lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .map(str::to_owned)
+    })?;
+    println!("   the client's log (the sink's answer): {answer}");
+    println!(
+        "   -> the server sees the client's own pod IP ({}), not a proxy's.",
+        client.ip
+    );
+
+    step("An AuthorizationPolicy denying a second client (identity demo/intruder)");
+    c.kubectl_apply(&client_manifest("intruder", "intruder", "sleep 3600"))?;
+    c.wait_pod_running(NS, "intruder", WAIT)?;
+    c.wait_redirection(NS, "intruder", Some("enabled"), WAIT)?;
+    let target = format!("{}:9000", server.ip);
+    wait_for(
+        "the intruder to reach the server before the policy",
+        WAIT,
+        || c.send(NS, "intruder", &target, 100).ok(),
+    )?;
+    println!("   before the policy the intruder's connection succeeds.");
+    println!("{}", indent(&c.kubectl_apply(DENY_POLICY)?));
+    wait_for("the policy to take effect", WAIT, || {
+        c.send(NS, "intruder", &target, 100).err()
+    })?;
+    println!("   the intruder's new connection now fails (ztunnel on node-2 answers 401):");
+    let m = ztunnel_metrics(&c.node(2).ns)?;
+    println!(
+        "   denials counted by node-2's ztunnel: {}",
+        metric_sum(&m, "ztunnel_errors_total", &[("reason", "policy_denied")])
+    );
+    let answer = c.send(NS, "client", &target, 2048)?;
+    println!(
+        "   the first client still works: the server received {} bytes from {}",
+        answer["bytes"], answer["peer"]
+    );
+    Ok(())
+}
+
+const COLUMNS: &str = "custom-columns=NAME:.metadata.name,NODE:.spec.nodeName,IP:.status.podIP,\
+REDIRECTION:.metadata.annotations.ambient\\.istio\\.io/redirection,RESTARTS:.status.containerStatuses[0].restartCount";
+
+const DENY_POLICY: &str = "apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: deny-intruder
+  namespace: demo
+spec:
+  selector:
+    matchLabels:
+      app: server
+  action: DENY
+  rules:
+  - from:
+    - source:
+        principals: [\"cluster.local/ns/demo/sa/intruder\"]
+";
+
+fn server_manifest() -> String {
+    "apiVersion: v1
+kind: Pod
+metadata:
+  name: server
+  namespace: demo
+  labels: {app: server}
+spec:
+  nodeName: node-2
+  serviceAccountName: server
+  containers:
+  - name: sink
+    image: e2e-app:local
+    command: [e2e-app, sink, --listen, \"0.0.0.0:9000\"]
+  - name: echo
+    image: e2e-app:local
+    command: [e2e-app, echo, --listen, \"0.0.0.0:9001\"]
+"
+    .to_owned()
+}
+
+fn client_manifest(name: &str, sa: &str, script: &str) -> String {
+    let script = serde_json::to_string(script).unwrap_or_default();
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: demo
+  labels: {{app: {name}}}
+spec:
+  nodeName: node-1
+  serviceAccountName: {sa}
+  containers:
+  - name: app
+    image: e2e-app:local
+    command: [sh, -c, {script}]
+"
+    )
+}
+
+/// UID, container pid and restart count of a pod, as one line.
+fn pod_facts(c: &LocalCluster, name: &str) -> Result<String> {
+    let pod = c.get_pod(NS, name)?;
+    let pids = c.pod(NS, name).map(|h| h.pids).unwrap_or_default();
+    Ok(format!(
+        "uid {} pid {:?} restarts {}",
+        pod["metadata"]["uid"].as_str().unwrap_or("?"),
+        pids,
+        pod["status"]["containerStatuses"][0]["restartCount"]
+    ))
+}
+
+/// `--up`: how to use the cluster, then wait for Ctrl-C (or SIGTERM).
+fn keep_up(c: &LocalCluster) -> Result<()> {
+    let node1 = c.node(1).ns.name();
+    let istioctl = e2e::mesh::binary("istioctl-lite")?;
+    step("The cluster is up. Paste these in another root shell:");
+    println!("   alias k='{}'", c.kubectl_prefix());
+    println!("   k get nodes,pods -A -o wide");
+    println!("   k label namespace default istio.io/dataplane-mode=ambient");
+    println!("   k run is not available (no images): create pods whose command is e2e-app, e.g.");
+    println!("     k apply -f - <<< '{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"s\"}},\"spec\":{{\"nodeName\":\"node-2\",\"containers\":[{{\"name\":\"s\",\"image\":\"x\",\"command\":[\"e2e-app\",\"sink\",\"--listen\",\"0.0.0.0:9000\"]}}]}}}}'");
+    println!("   ip netns exec {node1} {} --kubeconfig {} ztunnel-config workloads --ztunnel-admin 127.0.0.1:15000", istioctl.display(), c.kubeconfig().display());
+    println!(
+        "   (the API server listens only inside the cluster's namespaces, hence `ip netns exec`)"
+    );
+    println!("\n   Press Ctrl-C to tear everything down.");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r,
+            _ = term.recv() => Ok(()),
+        }
+    })?;
+    step("Tearing everything down");
+    Ok(())
+}
+
+fn indent(text: &str) -> String {
+    text.trim_end()
+        .lines()
+        .map(|l| format!("   {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn step(text: &str) {
+    println!("\n== {text}");
+}
+
+/// The standalone mesh: two "VMs" with dedicated ztunnels, no Kubernetes.
+fn standalone_demo() -> Result<()> {
+    use e2e::standalone::*;
     step("Building two isolated hosts: client-vm (10.10.0.1) and server-vm (10.10.0.2)");
     let mesh = Standalone::new("demo")?;
     println!("   each runs a dedicated ztunnel: PROXY_MODE=dedicated, PROXY_WORKLOAD_INFO=vms/<name>/<sa>,");
     println!("   CA_CERTS_DIR (a fresh root from `ztunnel ca init`), LOCAL_XDS_PATH (Istio's local config format).");
-    println!("   client-vm's outbound TCP is redirected to its ztunnel by `ztunnel capture apply`.");
+    println!(
+        "   client-vm's outbound TCP is redirected to its ztunnel by `ztunnel capture apply`."
+    );
 
     step("The client sends 10 MiB to the server's port 9000, as a plain TCP app would");
     let answer = mesh.send(&format!("{SERVER_IP}:{SINK_PORT}"), 10 * 1024 * 1024)?;
-    println!("   the server received {} bytes, SHA-256 {}…", answer["bytes"], &answer["sha256"].as_str().unwrap_or("")[..16]);
+    println!(
+        "   the server received {} bytes, SHA-256 {}…",
+        answer["bytes"],
+        &answer["sha256"].as_str().unwrap_or("")[..16]
+    );
 
     step("What the server's ztunnel saw (its Prometheus metrics, Istio's names)");
     let dest = ztunnel_metrics(&mesh.b)?;
-    let labels = [("reporter", "destination"), ("connection_security_policy", "mutual_tls")];
-    println!("   istio_tcp_received_bytes_total over mutual TLS: {}", metric_sum(&dest, "istio_tcp_received_bytes_total", &labels));
-    for line in dest.lines().filter(|l| l.starts_with("istio_tcp_connections_opened_total")) {
+    let labels = [
+        ("reporter", "destination"),
+        ("connection_security_policy", "mutual_tls"),
+    ];
+    println!(
+        "   istio_tcp_received_bytes_total over mutual TLS: {}",
+        metric_sum(&dest, "istio_tcp_received_bytes_total", &labels)
+    );
+    for line in dest
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
+    {
         println!("   {line}");
     }
     println!("   -> the bytes crossed an HBONE tunnel (HTTP/2 CONNECT over mTLS on port 15008),");
@@ -39,7 +340,10 @@ fn main() -> Result<()> {
 
     step("Through the service VIP 10.96.0.10:80 (mapped to the endpoint's port 9000)");
     let answer = mesh.send(&format!("{SERVICE_VIP}:80"), 4096)?;
-    println!("   the server received {} bytes via echo.vms.svc.cluster.local", answer["bytes"]);
+    println!(
+        "   the server received {} bytes via echo.vms.svc.cluster.local",
+        answer["bytes"]
+    );
 
     step("An AuthorizationPolicy denies the client's identity (edit of the local config file)");
     mesh.set_policies(
@@ -51,15 +355,15 @@ fn main() -> Result<()> {
     let dest = ztunnel_metrics(&mesh.b)?;
     println!(
         "   the connection was refused; denials counted by the server's ztunnel: {}",
-        metric_sum(&dest, "ztunnel_errors_total", &[("reason", "policy_denied")])
+        metric_sum(
+            &dest,
+            "ztunnel_errors_total",
+            &[("reason", "policy_denied")]
+        )
     );
 
     step("Tearing everything down");
     drop(mesh);
     println!("   done: no namespace, link, rule or process is left behind.");
     Ok(())
-}
-
-fn step(text: &str) {
-    println!("\n== {text}");
 }

@@ -3,6 +3,7 @@
 //! raw numbers beside it. It measures; it never fails on a number.
 
 mod cni;
+mod enrollment;
 mod inpod;
 mod procfs;
 mod report;
@@ -74,6 +75,7 @@ fn main() -> Result<()> {
     let mut figures = standalone::run(&plan)?;
     figures.extend(cni::run(&plan)?);
     figures.extend(inpod::run(&plan)?);
+    figures.extend(enrollment::run(&plan)?);
 
     report::print_table(&figures);
     eprintln!("(took {:.0} s)", started.elapsed().as_secs_f64());

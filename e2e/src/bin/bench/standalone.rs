@@ -27,9 +27,9 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
         "throughput: single stream, {} x {} s each way...",
         plan.throughput_reps, plan.throughput_secs
     );
-    figures.push(throughput(&topology.a, &plan, 1)?);
+    figures.push(throughput(&topology.a, plan, 1)?);
     eprintln!("throughput: 8 streams...");
-    figures.push(throughput(&topology.a, &plan, 8)?);
+    figures.push(throughput(&topology.a, plan, 8)?);
 
     eprintln!(
         "latency: {} round trips of 64 bytes on one connection...",

@@ -1,0 +1,215 @@
+//! Starts the enrollment engine: metrics, the ZDS server, the Kubernetes watches, the
+//! work queue's workers, and the startup sequence (caches synced, enrolled pods taken
+//! back, then ready). In-pod rules are left in place on shutdown: the pods stay
+//! captured while the next agent starts.
+
+use crate::eligibility::Selection;
+use crate::enablement;
+use crate::enroll::{EnrollConfig, Enroller};
+use crate::kube::{pod_key, Change, KubeCache};
+use crate::metrics::Metrics;
+use crate::queue::{Backoff, WorkQueue};
+use crate::readiness::Readiness;
+use crate::redirect::{Backend, ProbeSnat, Redirector};
+use crate::zds::ZdsServer;
+use anyhow::Context;
+use shared_types::cni::AmbientEnablementState;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Readiness blockers of the engine.
+pub const READY_KUBE_CACHES: &str = "kube-caches";
+pub const READY_STARTUP_RECONCILE: &str = "startup-reconcile";
+
+/// Workers draining the queue (the CNI path enrolls on its own task).
+const WORKERS: usize = 2;
+
+/// `IPTABLES_BACKEND`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    Auto,
+    Nft,
+    Legacy,
+}
+
+#[derive(Debug, Clone)]
+pub struct AmbientConfig {
+    pub node_name: String,
+    pub zds_socket: PathBuf,
+    pub host_proc: PathBuf,
+    pub dns_capture: bool,
+    pub ipv6: bool,
+    pub reconcile_on_startup: bool,
+    pub cni_event_timeout: Duration,
+    pub metrics_port: u16,
+    pub backend: BackendChoice,
+    pub selection: Selection,
+}
+
+/// Builds and starts everything; returns the engine for the CNI handler.
+pub async fn start(
+    config: &AmbientConfig,
+    run_dir: PathBuf,
+    readiness: Readiness,
+    cancel: CancellationToken,
+) -> anyhow::Result<Enroller> {
+    readiness.block(READY_KUBE_CACHES);
+    readiness.block(READY_STARTUP_RECONCILE);
+    let metrics = Metrics::new();
+    let listener = crate::health::bind(config.metrics_port)
+        .await
+        .with_context(|| format!("binding the metrics port {}", config.metrics_port))?;
+    tokio::spawn(metrics.clone().serve(listener, cancel.clone()));
+
+    let backend = match config.backend {
+        BackendChoice::Nft => Backend::Nft,
+        BackendChoice::Legacy => Backend::Legacy,
+        BackendChoice::Auto => tokio::task::spawn_blocking(Backend::detect).await?,
+    };
+    tracing::info!(backend = backend.name(), "iptables backend");
+    let probe = ProbeSnat::new(backend, config.ipv6);
+    let probe = match tokio::task::spawn_blocking(move || probe.install()).await? {
+        Ok(()) => Some(probe),
+        Err(e) => {
+            tracing::warn!(
+                "kubelet probe SNAT not installed (probes of ambient pods may fail): {e}"
+            );
+            None
+        }
+    };
+
+    let zds = ZdsServer::bind(&config.zds_socket)
+        .with_context(|| format!("binding the ZDS socket {}", config.zds_socket.display()))?;
+    tokio::spawn({
+        let (zds, cancel) = (zds.clone(), cancel.clone());
+        async move { zds.run(cancel).await }
+    });
+    let client = ::kube::Client::try_default()
+        .await
+        .context("configuring the Kubernetes client")?;
+    let (changes_tx, changes) = mpsc::unbounded_channel();
+    let kube = KubeCache::start(client, &config.node_name, changes_tx, cancel.clone());
+    let queue = WorkQueue::new(Backoff::default());
+    let enroller = Enroller::new(
+        EnrollConfig {
+            selection: config.selection.clone(),
+            host_proc: config.host_proc.clone(),
+            dns_capture: config.dns_capture,
+            ipv6: config.ipv6,
+            cni_event_timeout: config.cni_event_timeout,
+        },
+        kube,
+        zds,
+        Redirector::new(backend),
+        probe,
+        metrics,
+        queue,
+    );
+    spawn_gauges(&enroller, cancel.clone());
+    for _ in 0..WORKERS {
+        let (e, cancel) = (enroller.clone(), cancel.clone());
+        tokio::spawn(async move {
+            loop {
+                let key = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    key = e.queue.next() => key,
+                };
+                let result = e.reconcile(&key).await;
+                if let Some(retry) = e.queue.done(&key, result.is_ok()) {
+                    if let Err(err) = result {
+                        tracing::info!(pod = %key, ?retry, "will retry: {err}");
+                    }
+                }
+            }
+        });
+    }
+    tokio::spawn(startup_and_watch(
+        enroller.clone(),
+        config.reconcile_on_startup,
+        run_dir,
+        readiness,
+        changes,
+        cancel,
+    ));
+    Ok(enroller)
+}
+
+fn spawn_gauges(e: &Enroller, cancel: CancellationToken) {
+    let (mut conns, mut depth) = (e.zds.watch_connections(), e.queue.watch_depth());
+    let metrics = e.metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            metrics
+                .zds_connections
+                .set(*conns.borrow_and_update() as i64);
+            metrics.queue_depth.set(*depth.borrow_and_update() as i64);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = conns.changed() => if r.is_err() { return },
+                r = depth.changed() => if r.is_err() { return },
+            }
+        }
+    });
+}
+
+/// Publishes which namespaces are ambient for the plugin's fallback.
+fn write_enablement(e: &Enroller, run_dir: &std::path::Path) {
+    let selection = &e.config.selection;
+    let mut ambient: Vec<String> = e
+        .kube
+        .namespaces()
+        .iter()
+        .filter(|ns| selection.namespace_is_ambient(ns))
+        .filter_map(|ns| ns.metadata.name.clone())
+        .collect();
+    ambient.sort();
+    let state = AmbientEnablementState::new(
+        ambient,
+        selection.excluded_namespaces.clone(),
+        std::time::SystemTime::now(),
+    );
+    if let Err(e) = enablement::write_state(run_dir, &state) {
+        tracing::error!("writing the enablement state failed: {e}");
+    }
+}
+
+async fn startup_and_watch(
+    e: Enroller,
+    repair: bool,
+    run_dir: PathBuf,
+    readiness: Readiness,
+    mut changes: mpsc::UnboundedReceiver<Change>,
+    cancel: CancellationToken,
+) {
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        synced = e.kube.wait_synced() => if !synced { return },
+    }
+    readiness.unblock(READY_KUBE_CACHES);
+    write_enablement(&e, &run_dir);
+    let restored = e.restore(repair).await;
+    tracing::info!(restored, "startup reconcile done");
+    for pod in e.kube.pods() {
+        e.queue.add(&pod_key(&pod));
+    }
+    readiness.unblock(READY_STARTUP_RECONCILE);
+    loop {
+        let change = tokio::select! {
+            _ = cancel.cancelled() => return,
+            change = changes.recv() => match change { Some(c) => c, None => return },
+        };
+        match change {
+            Change::Pod(key) => e.queue.add(&key),
+            Change::Namespace(name) => {
+                write_enablement(&e, &run_dir);
+                for pod in e.kube.pods() {
+                    if pod.metadata.namespace.as_deref() == Some(name.as_str()) {
+                        e.queue.add(&pod_key(&pod));
+                    }
+                }
+            }
+        }
+    }
+}

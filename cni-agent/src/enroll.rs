@@ -1,0 +1,484 @@
+//! Enrolling and un-enrolling one pod, in Istio's order: netns, in-pod rules, probe
+//! SNAT, ZDS add (acked), then the `ambient.istio.io/redirection` annotation. Every step
+//! is idempotent, so a retry (work queue, kubelet retrying the sandbox) converges.
+
+use crate::eligibility::Selection;
+use crate::kube::{pod_key, KubeCache};
+use crate::metrics::Metrics;
+use crate::queue::WorkQueue;
+use crate::redirect::{InpodRules, NetnsHandle, ProbeSnat, ProcScan, Redirector};
+use crate::zds::{EnrolledPod, ZdsError, ZdsServer};
+use ::kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde_json::json;
+use shared_types::constants::{
+    BYPASS_INBOUND_CAPTURE_ANNOTATION, DNS_CAPTURE_ANNOTATION, REDIRECTION_ANNOTATION,
+    REDIRECTION_ENABLED, REDIRECTION_PENDING,
+};
+use shared_types::zds::WorkloadInfo;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Reason of the Kubernetes Event emitted when enrollment fails.
+pub const FAILURE_EVENT_REASON: &str = "AmbientEnrollmentFailed";
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnrollError {
+    #[error("the pod's network namespace was not found: {0}")]
+    Netns(String),
+    #[error("programming the pod's redirection failed: {0}")]
+    Redirect(String),
+    #[error("adding the pod to the probe SNAT set failed: {0}")]
+    Probe(String),
+    #[error("{0}; check `kubectl -n istio-system get pods -l app=ztunnel`")]
+    Zds(#[from] ZdsError),
+    #[error("Kubernetes API: {0}")]
+    Kube(String),
+}
+
+impl EnrollError {
+    /// Short label for `istio_cni_enrollment_failures_total{reason}`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            EnrollError::Netns(_) => "netns_not_found",
+            EnrollError::Redirect(_) => "redirect_failed",
+            EnrollError::Probe(_) => "probe_snat_failed",
+            EnrollError::Zds(ZdsError::NotConnected(_)) => "ztunnel_not_connected",
+            EnrollError::Zds(ZdsError::Nack(_)) => "ztunnel_nack",
+            EnrollError::Zds(_) => "ztunnel_error",
+            EnrollError::Kube(_) => "kube_api",
+        }
+    }
+}
+
+/// The engine's settings.
+#[derive(Debug, Clone)]
+pub struct EnrollConfig {
+    pub selection: Selection,
+    /// The host's `/proc` as mounted here (discovery, and `/proc/...` netns paths).
+    pub host_proc: PathBuf,
+    pub dns_capture: bool,
+    pub ipv6: bool,
+    /// How long a CNI ADD may wait for enrollment.
+    pub cni_event_timeout: Duration,
+}
+
+/// What the engine remembers of an enrolled pod.
+#[derive(Debug, Clone)]
+pub struct Enrolled {
+    pub uid: String,
+    pub netns: PathBuf,
+    pub ips: Vec<IpAddr>,
+    pub rules: InpodRules,
+}
+
+/// The enrollment engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Enroller {
+    pub config: Arc<EnrollConfig>,
+    pub kube: KubeCache,
+    pub zds: ZdsServer,
+    pub redirector: Redirector,
+    pub probe: Option<ProbeSnat>,
+    pub metrics: Metrics,
+    pub queue: WorkQueue,
+    enrolled: Arc<Mutex<HashMap<String, Enrolled>>>,
+    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The pod's addresses from its status.
+pub fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
+    let status = pod.status.as_ref();
+    let listed = status.and_then(|s| s.pod_ips.as_ref());
+    let mut ips: Vec<IpAddr> = listed
+        .map(|l| l.iter().filter_map(|p| p.ip.parse().ok()).collect())
+        .unwrap_or_default();
+    if ips.is_empty() {
+        ips.extend(status.and_then(|s| s.pod_ip.as_ref()?.parse::<IpAddr>().ok()));
+    }
+    ips
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(|s| s.as_str())
+}
+
+/// Whether the pod carries `ambient.istio.io/redirection=enabled`.
+pub fn is_annotated_enabled(pod: &Pod) -> bool {
+    annotation(pod, REDIRECTION_ANNOTATION) == Some(REDIRECTION_ENABLED)
+}
+
+impl Enroller {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: EnrollConfig,
+        kube: KubeCache,
+        zds: ZdsServer,
+        redirector: Redirector,
+        probe: Option<ProbeSnat>,
+        metrics: Metrics,
+        queue: WorkQueue,
+    ) -> Self {
+        Enroller {
+            config: Arc::new(config),
+            kube,
+            zds,
+            redirector,
+            probe,
+            metrics,
+            queue,
+            enrolled: Arc::default(),
+            locks: Arc::default(),
+        }
+    }
+
+    /// Serializes work on one pod (CNI path and queue).
+    pub async fn pod_lock(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = lock(&self.locks)
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        m.lock_owned().await
+    }
+
+    pub fn enrolled(&self, key: &str) -> Option<Enrolled> {
+        lock(&self.enrolled).get(key).cloned()
+    }
+
+    fn set_enrolled(&self, key: &str, pod: Option<Enrolled>) {
+        let mut map = lock(&self.enrolled);
+        match pod {
+            Some(p) => map.insert(key.to_string(), p),
+            None => map.remove(key),
+        };
+        self.metrics.pods_enrolled.set(map.len() as i64);
+    }
+
+    /// The rules for this pod: IPv6 only when enabled and the pod has an IPv6 address;
+    /// annotations override the DNS flag and turn inbound capture off.
+    pub fn rules_for(&self, pod: &Pod, ips: &[IpAddr]) -> InpodRules {
+        let dns = match annotation(pod, DNS_CAPTURE_ANNOTATION) {
+            Some(v) => v == "true",
+            None => self.config.dns_capture,
+        };
+        InpodRules {
+            ipv6: self.config.ipv6 && ips.iter().any(|ip| ip.is_ipv6()),
+            dns_capture: dns,
+            inbound_capture: annotation(pod, BYPASS_INBOUND_CAPTURE_ANNOTATION) != Some("true"),
+            ..InpodRules::default()
+        }
+    }
+
+    /// `/proc/<pid>/ns/net` from the runtime means the HOST's proc.
+    fn host_path(&self, path: &Path) -> PathBuf {
+        match path.strip_prefix("/proc") {
+            Ok(rest) if self.config.host_proc != Path::new("/proc") => {
+                self.config.host_proc.join(rest)
+            }
+            _ => path.to_path_buf(),
+        }
+    }
+
+    /// Finds the netns: the CNI event's path, else a `/proc` scan.
+    pub async fn find_netns(
+        &self,
+        uid: &str,
+        hint: Option<&Path>,
+        ips: &[IpAddr],
+    ) -> Result<NetnsHandle, EnrollError> {
+        if let Some(path) = hint {
+            return NetnsHandle::open(self.host_path(path))
+                .map_err(|e| EnrollError::Netns(e.to_string()));
+        }
+        let (proc_root, uid, ips) = (self.config.host_proc.clone(), uid.to_string(), ips.to_vec());
+        let found = tokio::task::spawn_blocking(move || {
+            ProcScan::new(&proc_root).and_then(|scan| scan.find(&uid, &ips))
+        })
+        .await
+        .map_err(|e| EnrollError::Netns(e.to_string()))?
+        .map_err(|e| EnrollError::Netns(e.to_string()))?;
+        found
+            .map(|f| f.netns)
+            .ok_or_else(|| EnrollError::Netns("no process of the pod is running".into()))
+    }
+
+    /// Enrolls `pod` (caller holds the pod lock). On a ztunnel failure the pod is
+    /// annotated `pending`; the caller reports the failure once it gives up
+    /// ([`Enroller::report_failure`]), so retries do not flood the pod's events.
+    pub async fn enroll(
+        &self,
+        pod: &Pod,
+        hint: Option<&Path>,
+        ips: &[IpAddr],
+    ) -> Result<(), EnrollError> {
+        let key = pod_key(pod);
+        let started = Instant::now();
+        let result = self.enroll_steps(pod, &key, hint, ips).await;
+        match &result {
+            Ok(()) => {
+                self.metrics.record(Ok(started.elapsed()));
+                tracing::info!(pod = %key, "pod enrolled in ambient");
+            }
+            Err(e) => {
+                self.metrics.record(Err(e.reason()));
+                tracing::warn!(pod = %key, "enrollment failed: {e}");
+                if matches!(e, EnrollError::Zds(_)) {
+                    let _ = self.annotate(pod, Some(REDIRECTION_PENDING)).await;
+                }
+            }
+        }
+        result
+    }
+
+    async fn enroll_steps(
+        &self,
+        pod: &Pod,
+        key: &str,
+        hint: Option<&Path>,
+        ips: &[IpAddr],
+    ) -> Result<(), EnrollError> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let netns = self.find_netns(&uid, hint, ips).await?;
+        let rules = self.rules_for(pod, ips);
+        self.redirector
+            .enable(&netns, &rules)
+            .await
+            .map_err(|e| EnrollError::Redirect(e.to_string()))?;
+        if let Some(probe) = self.probe {
+            let (ips, uid) = (ips.to_vec(), uid.clone());
+            tokio::task::spawn_blocking(move || {
+                ips.iter()
+                    .try_for_each(|ip| probe.add_pod(*ip, &uid).map(|_| ()))
+            })
+            .await
+            .map_err(|e| EnrollError::Probe(e.to_string()))?
+            .map_err(|e| EnrollError::Probe(e.to_string()))?;
+        }
+        let info = WorkloadInfo {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            service_account: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".into()),
+        };
+        self.zds.add(&uid, info, &netns).await?;
+        self.set_enrolled(
+            key,
+            Some(Enrolled {
+                uid,
+                netns: netns.path().to_path_buf(),
+                ips: ips.to_vec(),
+                rules,
+            }),
+        );
+        self.annotate(pod, Some(REDIRECTION_ENABLED)).await
+    }
+
+    /// Reverses [`Enroller::enroll`]; each step is tried even if one before failed.
+    pub async fn unenroll(&self, key: &str, pod: Option<&Pod>, known: &Enrolled) {
+        if let Err(e) = self.zds.del(&known.uid).await {
+            tracing::info!(pod = %key, "ZDS del: {e}");
+        }
+        if let Ok(netns) = NetnsHandle::open(&known.netns) {
+            if let Err(e) = self.redirector.disable(&netns, &known.rules).await {
+                tracing::warn!(pod = %key, "removing the pod's rules failed: {e}");
+            }
+        }
+        if let Some(probe) = self.probe {
+            let uid = known.uid.clone();
+            let removed = tokio::task::spawn_blocking(move || probe.remove_pod_uid(&uid)).await;
+            if let Ok(Err(e)) = removed {
+                tracing::warn!(pod = %key, "removing the pod from the probe set failed: {e}");
+            }
+        }
+        self.set_enrolled(key, None);
+        if let Some(pod) = pod {
+            if let Err(e) = self.annotate(pod, None).await {
+                tracing::info!(pod = %key, "removing the annotation: {e}");
+            }
+        }
+        tracing::info!(pod = %key, "pod removed from ambient");
+    }
+
+    /// Sets (or with `None` removes) the redirection annotation through `pods/status`,
+    /// which our RBAC grants without write access to pod specs.
+    pub async fn annotate(&self, pod: &Pod, value: Option<&str>) -> Result<(), EnrollError> {
+        let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            return Ok(());
+        };
+        let api: Api<Pod> = Api::namespaced(self.kube.client.clone(), ns);
+        let patch = json!({"metadata": {"annotations": {REDIRECTION_ANNOTATION: value}}});
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(::kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(EnrollError::Kube(e.to_string())),
+        }
+    }
+
+    /// Records a Warning Event on the pod saying what is missing.
+    pub async fn report_failure(&self, pod: &Pod, error: &EnrollError) {
+        let message = format!("ambient enrollment failed: {error}");
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!(
+                    "{}.",
+                    pod.metadata.name.as_deref().unwrap_or("pod")
+                )),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                namespace: Some(ns.clone()),
+                uid: pod.metadata.uid.clone(),
+                ..Default::default()
+            },
+            reason: Some(FAILURE_EVENT_REASON.into()),
+            message: Some(message),
+            type_: Some("Warning".into()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            reporting_component: Some("istio-cni-node".into()),
+            reporting_instance: Some(self.kube.node.clone()),
+            source: Some(k8s_openapi::api::core::v1::EventSource {
+                component: Some("istio-cni-node".into()),
+                host: Some(self.kube.node.clone()),
+            }),
+            ..Default::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.kube.client.clone(), &ns);
+        if let Err(e) = api.create(&PostParams::default(), &event).await {
+            tracing::debug!("emitting the failure event failed: {e}");
+        }
+    }
+
+    /// The queue's handler: converge `key` to what the cluster says.
+    pub async fn reconcile(&self, key: &str) -> Result<(), EnrollError> {
+        let _guard = self.pod_lock(key).await;
+        let pod = self
+            .kube
+            .pod(key)
+            .await
+            .map_err(|e| EnrollError::Kube(e.to_string()))?;
+        let known = self.enrolled(key);
+        let live = pod.as_ref().filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            p.metadata.deletion_timestamp.is_none()
+                && !matches!(phase, Some("Succeeded") | Some("Failed"))
+        });
+        let Some(pod) = live else {
+            if let Some(known) = known {
+                self.unenroll(key, pod.as_deref(), &known).await;
+            }
+            self.queue.forget(key);
+            return Ok(());
+        };
+        let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let namespace = self.kube.namespace(ns);
+        let ambient = self.config.selection.decide(pod, namespace.as_deref());
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        match (ambient.is_ambient(), known) {
+            (true, Some(k)) if k.uid == uid => Ok(()),
+            (true, stale) => {
+                if let Some(stale) = stale {
+                    self.unenroll(key, None, &stale).await;
+                }
+                let ips = pod_ips(pod);
+                if ips.is_empty() {
+                    // Not networked yet: the CNI ADD will enroll it.
+                    return Ok(());
+                }
+                let result = self.enroll(pod, None, &ips).await;
+                if let Err(e) = &result {
+                    self.report_failure(pod, e).await;
+                }
+                result
+            }
+            (false, Some(k)) => {
+                self.unenroll(key, Some(pod), &k).await;
+                Ok(())
+            }
+            (false, None) => Ok(()),
+        }
+    }
+
+    /// Startup: takes back this node's pods annotated `enabled` (rules verified and
+    /// repaired in one transaction when `repair`), registered for the first ztunnel's
+    /// snapshot. Returns how many were restored.
+    pub async fn restore(&self, repair: bool) -> usize {
+        let mut restored = 0;
+        for pod in self.kube.pods() {
+            if !is_annotated_enabled(&pod) {
+                continue;
+            }
+            let key = pod_key(&pod);
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let ips = pod_ips(&pod);
+            let netns = match self.find_netns(&uid, None, &ips).await {
+                Ok(netns) => netns,
+                Err(e) => {
+                    tracing::warn!(pod = %key, "cannot restore: {e}");
+                    continue;
+                }
+            };
+            let rules = self.rules_for(&pod, &ips);
+            if repair {
+                match self.redirector.enable(&netns, &rules).await {
+                    Ok(true) => tracing::info!(pod = %key, "repaired drifted rules"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(pod = %key, "repairing rules failed: {e}"),
+                }
+            }
+            let info = WorkloadInfo {
+                name: pod.metadata.name.clone().unwrap_or_default(),
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                service_account: pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.clone())
+                    .unwrap_or_else(|| "default".into()),
+            };
+            let path = netns.path().to_path_buf();
+            self.zds.register(
+                &uid,
+                EnrolledPod {
+                    info,
+                    netns: path.clone(),
+                },
+            );
+            self.set_enrolled(
+                &key,
+                Some(Enrolled {
+                    uid,
+                    netns: path,
+                    ips,
+                    rules,
+                }),
+            );
+            restored += 1;
+        }
+        restored
+    }
+}

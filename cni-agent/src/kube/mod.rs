@@ -1,0 +1,157 @@
+//! What the agent knows of the cluster: this node's pods and all namespaces, each in a
+//! kube-rs reflector store fed by a watcher, plus a GET for a pod the watch has not
+//! delivered yet (a CNI ADD often arrives before the watch event).
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use std::fmt::Debug;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// A change the enrollment engine reacts to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A pod (`ns/name`) was added, changed or deleted.
+    Pod(String),
+    /// A namespace was added, changed or deleted.
+    Namespace(String),
+}
+
+/// `ns/name`, the key everything uses for a pod.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+#[derive(Clone)]
+pub struct KubeCache {
+    pub client: Client,
+    pub node: String,
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+}
+
+impl KubeCache {
+    /// Starts both watches; changes are sent on `changes` until `cancel`.
+    pub fn start(
+        client: Client,
+        node: &str,
+        changes: mpsc::UnboundedSender<Change>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let pods_api: Api<Pod> = Api::all(client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let (pods, writer) = reflector::store();
+        let tx = changes.clone();
+        spawn_watch(
+            "pods",
+            reflector::reflector(writer, watcher::watcher(pods_api, config).default_backoff()),
+            move |pod: &Pod| {
+                let _ = tx.send(Change::Pod(pod_key(pod)));
+            },
+            cancel.clone(),
+        );
+        let ns_api: Api<Namespace> = Api::all(client.clone());
+        let (namespaces, writer) = reflector::store();
+        spawn_watch(
+            "namespaces",
+            reflector::reflector(
+                writer,
+                watcher::watcher(ns_api, watcher::Config::default()).default_backoff(),
+            ),
+            move |ns: &Namespace| {
+                let name = ns.metadata.name.clone().unwrap_or_default();
+                let _ = changes.send(Change::Namespace(name));
+            },
+            cancel,
+        );
+        KubeCache {
+            client,
+            node: node.to_string(),
+            pods,
+            namespaces,
+        }
+    }
+
+    /// Waits until both stores hold their first list.
+    pub async fn wait_synced(&self) -> bool {
+        self.pods.wait_until_ready().await.is_ok()
+            && self.namespaces.wait_until_ready().await.is_ok()
+    }
+
+    pub fn cached_pod(&self, key: &str) -> Option<Arc<Pod>> {
+        let (ns, name) = key.split_once('/')?;
+        self.pods.get(&ObjectRef::new(name).within(ns))
+    }
+
+    /// The cache, else a GET (`None` when the pod does not exist).
+    pub async fn pod(&self, key: &str) -> Result<Option<Arc<Pod>>, kube::Error> {
+        if let Some(pod) = self.cached_pod(key) {
+            return Ok(Some(pod));
+        }
+        let Some((ns, name)) = key.split_once('/') else {
+            return Ok(None);
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        Ok(api.get_opt(name).await?.map(Arc::new))
+    }
+
+    pub fn namespace(&self, name: &str) -> Option<Arc<Namespace>> {
+        self.namespaces.get(&ObjectRef::new(name))
+    }
+
+    /// The cache, else a GET.
+    pub async fn namespace_or_get(
+        &self,
+        name: &str,
+    ) -> Result<Option<Arc<Namespace>>, kube::Error> {
+        if let Some(ns) = self.namespace(name) {
+            return Ok(Some(ns));
+        }
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        Ok(api.get_opt(name).await?.map(Arc::new))
+    }
+
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.pods.state()
+    }
+
+    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        self.namespaces.state()
+    }
+}
+
+fn spawn_watch<K, S>(
+    kind: &'static str,
+    events: S,
+    on_change: impl Fn(&K) + Send + 'static,
+    cancel: CancellationToken,
+) where
+    K: Debug + Send + 'static,
+    S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
+    let mut events = Box::pin(events);
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                _ = cancel.cancelled() => break,
+                event = events.next() => event,
+            };
+            match event {
+                None => break,
+                Some(Ok(Event::Apply(o) | Event::Delete(o) | Event::InitApply(o))) => on_change(&o),
+                Some(Ok(Event::Init)) => tracing::debug!(kind, "listing"),
+                Some(Ok(Event::InitDone)) => tracing::info!(kind, "watch synced"),
+                Some(Err(e)) => tracing::warn!(kind, "watch failed (retrying): {e}"),
+            }
+        }
+    });
+}

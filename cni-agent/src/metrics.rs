@@ -1,0 +1,185 @@
+//! Prometheus metrics on :15014 (`/metrics`), Istio's `istio_cni_*` names.
+
+use crate::http_server::{self, Handler};
+use http::StatusCode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+/// Every metric the agent exports. Cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    pub pods_enrolled: Gauge,
+    pub enrollments: Family<ResultLabel, Counter>,
+    pub failures: Family<ReasonLabel, Counter>,
+    pub zds_connections: Gauge,
+    pub queue_depth: Gauge,
+    pub duration: Histogram,
+    registry: Arc<Registry>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = (
+            Gauge::default(),
+            Family::<ResultLabel, Counter>::default(),
+            Family::<ReasonLabel, Counter>::default(),
+            Gauge::default(),
+            Gauge::default(),
+            Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+        );
+        let r = &mut registry;
+        r.register(
+            "istio_cni_pods_enrolled",
+            "Pods currently enrolled in ambient",
+            m.0.clone(),
+        );
+        r.register(
+            "istio_cni_enrollments",
+            "Enrollment attempts by result",
+            m.1.clone(),
+        );
+        r.register(
+            "istio_cni_enrollment_failures",
+            "Enrollment failures by reason",
+            m.2.clone(),
+        );
+        r.register(
+            "istio_cni_zds_connections",
+            "ztunnel connections on the ZDS socket",
+            m.3.clone(),
+        );
+        r.register(
+            "istio_cni_queue_depth",
+            "Pods waiting in the work queue",
+            m.4.clone(),
+        );
+        r.register(
+            "istio_cni_enrollment_duration_seconds",
+            "Time to enroll one pod",
+            m.5.clone(),
+        );
+        Metrics {
+            pods_enrolled: m.0,
+            enrollments: m.1,
+            failures: m.2,
+            zds_connections: m.3,
+            queue_depth: m.4,
+            duration: m.5,
+            registry: Arc::new(registry),
+        }
+    }
+
+    pub fn record(&self, result: Result<Duration, &str>) {
+        match result {
+            Ok(took) => {
+                self.enrollments
+                    .get_or_create(&ResultLabel {
+                        result: "success".into(),
+                    })
+                    .inc();
+                self.duration.observe(took.as_secs_f64());
+            }
+            Err(reason) => {
+                self.enrollments
+                    .get_or_create(&ResultLabel {
+                        result: "failure".into(),
+                    })
+                    .inc();
+                self.failures
+                    .get_or_create(&ReasonLabel {
+                        reason: reason.into(),
+                    })
+                    .inc();
+            }
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::warn!("encoding metrics failed: {e}");
+        }
+        out
+    }
+
+    fn router(&self) -> Handler {
+        let metrics = self.clone();
+        Arc::new(move |request| {
+            let response = if request.uri().path() == "/metrics" {
+                http_server::text(StatusCode::OK, metrics.encode())
+            } else {
+                http_server::not_found(request.uri().path())
+            };
+            Box::pin(async move { response })
+        })
+    }
+
+    /// Serves `/metrics` until `cancel`.
+    pub async fn serve(self, listener: TcpListener, cancel: CancellationToken) {
+        let handler = self.router();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        http_server::spawn_connection(stream, handler.clone(), cancel.clone())
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept on the metrics port failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_istio() {
+        let m = Metrics::new();
+        m.record(Ok(Duration::from_millis(3)));
+        m.record(Err("ztunnel_not_connected"));
+        m.pods_enrolled.set(1);
+        let text = m.encode();
+        for name in [
+            "istio_cni_pods_enrolled 1",
+            "istio_cni_enrollments_total{result=\"success\"} 1",
+            "istio_cni_enrollment_failures_total{reason=\"ztunnel_not_connected\"} 1",
+            "istio_cni_zds_connections 0",
+            "istio_cni_queue_depth 0",
+            "istio_cni_enrollment_duration_seconds_count 1",
+        ] {
+            assert!(text.contains(name), "{name} missing in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! One ztunnel connection: greeting, snapshot replay, then requests one at a time.
+//! Anything unexpected (bad hello, garbage, silence, EOF) ends only this connection.
+
+use super::{Conn, Inner, Job, ZdsError};
+use prost::Message;
+use shared_types::zds::{Version, WorkloadRequest, WorkloadResponse, ZdsHello, MAX_MESSAGE_SIZE};
+use shared_types::zds_transport::SeqpacketStream;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Pending requests per connection before callers wait.
+const JOB_QUEUE: usize = 64;
+
+pub(super) async fn serve(
+    inner: Arc<Inner>,
+    id: u64,
+    stream: SeqpacketStream,
+    cancel: CancellationToken,
+) {
+    if let Err(e) = greet(&inner, &stream).await {
+        tracing::warn!(
+            connection = id,
+            "dropping ZDS connection during greeting: {e}"
+        );
+        return;
+    }
+    let (tx, mut rx) = mpsc::channel::<Job>(JOB_QUEUE);
+    {
+        let mut state = inner.lock();
+        state.conns.push(Conn { id, jobs: tx });
+        inner.publish_count(&state);
+    }
+    tracing::info!(
+        connection = id,
+        "ztunnel connected over ZDS (snapshot sent)"
+    );
+    let reason = loop {
+        let mut buf = [0u8; MAX_MESSAGE_SIZE];
+        tokio::select! {
+            _ = cancel.cancelled() => break "shutting down".to_string(),
+            job = rx.recv() => {
+                let Some(job) = job else { break "no more requests".to_string() };
+                let result = exchange(&inner, &stream, &job.bytes, job.fd).await;
+                let fatal = match &result {
+                    Err(ZdsError::Nack(_)) | Ok(()) => None,
+                    Err(e) => Some(e.to_string()),
+                };
+                let _ = job.reply.send(result);
+                if let Some(reason) = fatal {
+                    break reason;
+                }
+            }
+            unsolicited = stream.recv(&mut buf) => {
+                break match unsolicited {
+                    Ok(d) if d.len == 0 => "ztunnel closed the connection".to_string(),
+                    Ok(d) => format!("unexpected {}-byte message between requests", d.len),
+                    Err(e) => format!("receive failed: {e}"),
+                };
+            }
+        }
+    };
+    {
+        let mut state = inner.lock();
+        state.conns.retain(|c| c.id != id);
+        inner.publish_count(&state);
+    }
+    // Requests still queued fail with "connection closed" when `rx` drops.
+    tracing::warn!(connection = id, "ZDS connection removed: {reason}");
+}
+
+/// Hello (V1 only), then every registered pod (`add` with its netns, or `keep` when
+/// the netns is gone), then `snapshot_sent`.
+async fn greet(inner: &Inner, stream: &SeqpacketStream) -> Result<(), ZdsError> {
+    let mut buf = [0u8; MAX_MESSAGE_SIZE];
+    let hello = tokio::time::timeout(inner.timeout, stream.recv(&mut buf))
+        .await
+        .map_err(|_| ZdsError::Timeout(inner.timeout))?
+        .map_err(|e| ZdsError::Io(e.to_string()))?;
+    if hello.len == 0 || hello.truncated {
+        return Err(ZdsError::Io("no valid hello".into()));
+    }
+    let hello = ZdsHello::decode(&buf[..hello.len])
+        .map_err(|e| ZdsError::Io(format!("malformed hello: {e}")))?;
+    if hello.version != Version::V1 as i32 {
+        return Err(ZdsError::Io(format!(
+            "unsupported ZDS version {}",
+            hello.version
+        )));
+    }
+    let pods = inner.lock().registry.clone();
+    for (uid, pod) in pods {
+        let (bytes, fd) = match std::fs::File::open(&pod.netns) {
+            Ok(file) => (
+                WorkloadRequest::add(&uid, pod.info.clone()).encode_to_vec(),
+                Some(OwnedFd::from(file)),
+            ),
+            Err(e) => {
+                tracing::info!(uid, netns = %pod.netns.display(), "replaying as keep: {e}");
+                (WorkloadRequest::keep(&uid).encode_to_vec(), None)
+            }
+        };
+        match exchange(inner, stream, &bytes, fd).await {
+            Ok(()) => {}
+            Err(ZdsError::Nack(reason)) => {
+                tracing::warn!(uid, "ztunnel refused a replayed pod: {reason}")
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    exchange(
+        inner,
+        stream,
+        &WorkloadRequest::snapshot_sent().encode_to_vec(),
+        None,
+    )
+    .await
+}
+
+/// Sends one request and waits for its answer.
+async fn exchange(
+    inner: &Inner,
+    stream: &SeqpacketStream,
+    bytes: &[u8],
+    fd: Option<OwnedFd>,
+) -> Result<(), ZdsError> {
+    stream
+        .send(bytes, fd.as_ref().map(|f| f.as_fd()))
+        .await
+        .map_err(|e| ZdsError::Io(format!("send failed: {e}")))?;
+    drop(fd);
+    let mut buf = [0u8; MAX_MESSAGE_SIZE];
+    let answer = tokio::time::timeout(inner.timeout, stream.recv(&mut buf))
+        .await
+        .map_err(|_| ZdsError::Timeout(inner.timeout))?
+        .map_err(|e| ZdsError::Io(format!("receive failed: {e}")))?;
+    if answer.len == 0 {
+        return Err(ZdsError::Io("ztunnel closed the connection".into()));
+    }
+    if answer.truncated {
+        return Err(ZdsError::Io("oversized answer".into()));
+    }
+    let response = WorkloadResponse::decode(&buf[..answer.len])
+        .map_err(|e| ZdsError::Io(format!("malformed answer: {e}")))?;
+    if response.payload.is_none() {
+        return Err(ZdsError::Io("answer without an ack".into()));
+    }
+    response.result().map_err(ZdsError::Nack)
+}

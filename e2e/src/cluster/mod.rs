@@ -1,0 +1,405 @@
+//! A local multi-node Kubernetes cluster in network namespaces, for the demo and the
+//! end-to-end suite.
+//!
+//! - a control-plane namespace runs `kube-apiserver-lite` on [`API_ADDR`] and holds the
+//!   cluster network bridge (10.1.0.0/24); nothing listens in the root namespace;
+//! - each node namespace (`node-<i>`, pods 10.244.<i>.0/24) joins that network, routes
+//!   the other nodes' pod CIDRs, and runs `cni-agent` and a shared-mode `ztunnel`;
+//! - a kubelet stand-in per node creates pods through the node's CNI chain (the
+//!   reference `bridge` plugin plus the `istio-cni` the agent chains in).
+//!
+//! Everything is torn down when the [`LocalCluster`] is dropped, also on panic.
+
+pub mod api;
+pub mod apiserver_proc;
+pub mod cni;
+pub mod kubelet;
+pub mod node;
+pub mod objects;
+pub mod sweep;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+pub use api::Api;
+use apiserver_proc::ControlPlane;
+pub use apiserver_proc::API_ADDR;
+use kubelet::{Kubelet, NodeInfo, PodHandle};
+pub use node::Node;
+
+use crate::process::{wait_for, ChildGuard};
+
+/// Istio's system namespace, where the DaemonSet objects live.
+pub const SYSTEM_NAMESPACE: &str = "istio-system";
+
+/// The running cluster. Fields drop in order: kubelets (pods), nodes, control plane.
+pub struct LocalCluster {
+    kubelets: Vec<Kubelet>,
+    pub nodes: Vec<Node>,
+    pub control_plane: ControlPlane,
+    pub tag: String,
+    dir: tempfile::TempDir,
+}
+
+impl LocalCluster {
+    /// Two nodes; `tag` keeps names unique (short: namespace names derive from it).
+    pub fn start(tag: &str) -> Result<Self> {
+        Self::with_nodes(tag, 2)
+    }
+
+    pub fn with_nodes(tag: &str, count: u8) -> Result<Self> {
+        sweep::sweep_stale_processes();
+        sweep::sweep_stale_dirs();
+        let dir = tempfile::Builder::new()
+            .prefix(&sweep::owner_marker())
+            .tempdir()?;
+        let ca = dir.path().join("ca");
+        crate::mesh::ca_init(&ca)?;
+        let control_plane = ControlPlane::start(tag, dir.path())?;
+        let mut cluster = LocalCluster {
+            kubelets: Vec::new(),
+            nodes: Vec::new(),
+            control_plane,
+            tag: tag.to_owned(),
+            dir,
+        };
+        for index in 1..=count {
+            let node = Node::create(
+                tag,
+                index,
+                cluster.dir.path(),
+                &cluster.control_plane.kubeconfig,
+                &ca,
+            )?;
+            cluster.control_plane.attach(&node.ns, 10 + index)?;
+            cluster.nodes.push(node);
+        }
+        for a in &cluster.nodes {
+            for b in cluster.nodes.iter().filter(|b| b.index != a.index) {
+                a.ns.exec(&["ip", "route", "add", &b.pod_cidr(), "via", &b.ip()])?;
+            }
+        }
+        cluster.create_objects()?;
+        for node in &mut cluster.nodes {
+            node.start_agent()?;
+            node.start_ztunnel()?;
+        }
+        for node in &cluster.nodes {
+            let info = NodeInfo {
+                name: node.name.clone(),
+                index: node.index,
+                tag: format!("{tag}n{}", node.index),
+                host_netns: node.ns.name().to_owned(),
+                host_ip: node.ip(),
+                conf_dir: node.conf_dir(),
+                cni_path: node.cni_path(),
+            };
+            cluster.kubelets.push(Kubelet::start(cluster.api(), info));
+        }
+        Ok(cluster)
+    }
+
+    /// Node objects, the system namespace and the mesh's DaemonSets.
+    fn create_objects(&self) -> Result<()> {
+        let api = self.api();
+        for node in &self.nodes {
+            api.create_if_absent(
+                "/api/v1/nodes",
+                &objects::node(&node.name, &node.ip(), &node.pod_cidr()),
+            )?;
+        }
+        api.create_if_absent(
+            "/api/v1/namespaces",
+            &objects::namespace(SYSTEM_NAMESPACE, &[]),
+        )?;
+        let path = format!("/apis/apps/v1/namespaces/{SYSTEM_NAMESPACE}/daemonsets");
+        for (name, app) in [("istio-cni-node", "istio-cni-node"), ("ztunnel", "ztunnel")] {
+            api.create_if_absent(
+                &path,
+                &objects::daemonset(SYSTEM_NAMESPACE, name, app, self.nodes.len()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A client for the API server (it connects from the control-plane namespace).
+    pub fn api(&self) -> Api {
+        self.control_plane.api()
+    }
+
+    pub fn kubeconfig(&self) -> &Path {
+        &self.control_plane.kubeconfig
+    }
+
+    /// Node `i` (1-based, as in `node-<i>`).
+    pub fn node(&self, i: u8) -> &Node {
+        &self.nodes[usize::from(i) - 1]
+    }
+
+    pub fn node_mut(&mut self, i: u8) -> &mut Node {
+        &mut self.nodes[usize::from(i) - 1]
+    }
+
+    /// A shell command line that runs kubectl against this cluster (ready to paste).
+    pub fn kubectl_prefix(&self) -> String {
+        format!(
+            "ip netns exec {} kubectl --kubeconfig {}",
+            self.control_plane.ns.name(),
+            self.kubeconfig().display()
+        )
+    }
+
+    /// Runs the real `kubectl` (inside the control-plane namespace); its stdout.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let mut cmd = self.control_plane.ns.command("kubectl");
+        cmd.arg("--kubeconfig").arg(self.kubeconfig()).args(args);
+        let out = cmd.output().context("running kubectl")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` with `manifest` on stdin.
+    pub fn kubectl_apply(&self, manifest: &str) -> Result<String> {
+        use std::io::Write;
+        let mut child = self
+            .control_plane
+            .ns
+            .command("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(manifest.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl apply failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn create_namespace(&self, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+        self.api()
+            .post("/api/v1/namespaces", &objects::namespace(name, labels))?;
+        Ok(())
+    }
+
+    /// Sets (or with `None` removes) a namespace label.
+    pub fn label_namespace(&self, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+        let patch = json!({"metadata": {"labels": {key: value}}});
+        self.api()
+            .merge_patch(&format!("/api/v1/namespaces/{name}"), &patch)?;
+        Ok(())
+    }
+
+    /// Creates a pod on node `node` (1-based) running `argv` as service account `sa`.
+    pub fn create_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        node: u8,
+        sa: &str,
+        labels: &[(&str, &str)],
+        argv: &[&str],
+    ) -> Result<()> {
+        let pod = objects::pod(ns, name, &self.node(node).name, sa, labels, argv);
+        self.api()
+            .post(&format!("/api/v1/namespaces/{ns}/pods"), &pod)?;
+        Ok(())
+    }
+
+    pub fn delete_pod(&self, ns: &str, name: &str) -> Result<()> {
+        self.api()
+            .delete(&format!("/api/v1/namespaces/{ns}/pods/{name}"))
+    }
+
+    pub fn get_pod(&self, ns: &str, name: &str) -> Result<Value> {
+        self.api()
+            .get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))
+    }
+
+    /// The kubelet's view of a running pod (namespace, IP, container pids).
+    pub fn pod(&self, ns: &str, name: &str) -> Option<PodHandle> {
+        self.kubelets.iter().find_map(|k| k.pod(ns, name))
+    }
+
+    /// What the pod's first container printed so far (`kubectl logs`).
+    pub fn pod_log(&self, ns: &str, name: &str) -> Option<String> {
+        self.kubelets.iter().find_map(|k| k.log(ns, name))
+    }
+
+    /// Waits until the pod runs and the API shows it Running with its IP.
+    pub fn wait_pod_running(&self, ns: &str, name: &str, timeout: Duration) -> Result<PodHandle> {
+        wait_for(&format!("pod {ns}/{name} to run"), timeout, || {
+            let handle = self.pod(ns, name)?;
+            let pod = self.get_pod(ns, name).ok()?;
+            (pod["status"]["phase"] == "Running" && pod["status"]["podIP"] == handle.ip.as_str())
+                .then_some(handle)
+        })
+        .with_context(|| self.diagnostics(ns, name))
+    }
+
+    /// The pod's `ambient.istio.io/redirection` annotation.
+    pub fn redirection(&self, ns: &str, name: &str) -> Option<String> {
+        let pod = self.get_pod(ns, name).ok()?;
+        pod["metadata"]["annotations"]["ambient.istio.io/redirection"]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// Waits until the redirection annotation equals `want` (`None`: absent).
+    pub fn wait_redirection(
+        &self,
+        ns: &str,
+        name: &str,
+        want: Option<&str>,
+        timeout: Duration,
+    ) -> Result<()> {
+        wait_for(
+            &format!("{ns}/{name} redirection={want:?}"),
+            timeout,
+            || (self.redirection(ns, name).as_deref() == want).then_some(()),
+        )
+        .with_context(|| self.diagnostics(ns, name))
+    }
+
+    /// Messages of the events recorded about a pod.
+    pub fn pod_events(&self, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+        let events = self
+            .api()
+            .list(&format!("/api/v1/namespaces/{ns}/events"))?;
+        Ok(events
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == name)
+            .map(|e| {
+                let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+                (text("reason"), text("message"))
+            })
+            .collect())
+    }
+
+    /// Runs `argv` inside the pod's namespace; its stdout.
+    pub fn exec_in_pod(&self, ns: &str, name: &str, argv: &[&str]) -> Result<String> {
+        let handle = self
+            .pod(ns, name)
+            .with_context(|| format!("pod {ns}/{name} is not running"))?;
+        let program = resolve_program(argv.first().copied().unwrap_or_default());
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &handle.netns, &program])
+            .args(&argv[1..])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "{argv:?} in {ns}/{name} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Starts `argv` as a background process inside the pod's namespace.
+    pub fn spawn_in_pod(&self, ns: &str, name: &str, argv: &[&str]) -> Result<ChildGuard> {
+        let handle = self
+            .pod(ns, name)
+            .with_context(|| format!("pod {ns}/{name} is not running"))?;
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &handle.netns,
+            &resolve_program(argv.first().copied().unwrap_or_default()),
+        ])
+        .args(&argv[1..])
+        .env(sweep::OWNER_ENV, sweep::owner_marker());
+        ChildGuard::spawn(&format!("{}-exec-{ns}-{name}", self.tag), cmd)
+    }
+
+    /// `e2e-app send` from a pod; the sink's JSON answer.
+    pub fn send(&self, ns: &str, from: &str, target: &str, bytes: u64) -> Result<Value> {
+        let out = self.exec_in_pod(
+            ns,
+            from,
+            &[
+                "e2e-app",
+                "send",
+                "--connect",
+                target,
+                "--bytes",
+                &bytes.to_string(),
+            ],
+        )?;
+        Ok(serde_json::from_str(out.trim())?)
+    }
+
+    /// Waits until every node's ztunnel is ready (needs the agents' ZDS servers).
+    pub fn wait_ztunnels_ready(&self, timeout: Duration) -> Result<()> {
+        for node in &self.nodes {
+            wait_for(
+                &format!("ztunnel on {} to be ready", node.name),
+                timeout,
+                || node.ztunnel_ready().then_some(()),
+            )
+            .with_context(|| node.logs())?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the kubelets finished tearing down deleted pods.
+    pub fn settle(&self) {
+        for k in &self.kubelets {
+            k.settle();
+        }
+    }
+
+    /// Every namespace name this cluster created (control plane, nodes, pods).
+    pub fn namespace_names(&self) -> Vec<String> {
+        let mut names = vec![self.control_plane.ns.name().to_owned()];
+        names.extend(self.nodes.iter().map(|n| n.ns.name().to_owned()));
+        names
+    }
+
+    /// Pod, process and component logs for a failure message.
+    pub fn diagnostics(&self, ns: &str, name: &str) -> String {
+        let mut text = format!(
+            "pod {ns}/{name}: {:?}\nevents: {:?}\n",
+            self.get_pod(ns, name).ok(),
+            self.pod_events(ns, name).ok()
+        );
+        for node in &self.nodes {
+            text.push_str(&tail(&node.logs(), 40));
+        }
+        text
+    }
+}
+
+fn resolve_program(program: &str) -> String {
+    let local = crate::workspace_binary(program);
+    if !program.contains('/') && local.exists() {
+        return local.to_string_lossy().into_owned();
+    }
+    program.to_owned()
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n") + "\n"
+}

@@ -1,0 +1,200 @@
+//! One node: its namespace, its CNI directories, and the mesh's node components
+//! (`cni-agent` and a shared-mode `ztunnel`) running in it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::apiserver_proc::CLUSTER_NET_PREFIX;
+use super::cni;
+use super::sweep::{owner_marker, OWNER_ENV};
+use crate::mesh::binary;
+use crate::netns::Netns;
+use crate::process::{wait_for, ChildGuard};
+
+/// Name of the reference conflist written into every node's conf dir.
+pub const BRIDGE_CONFLIST: &str = "10-bridge.conflist";
+
+/// Paths and processes of one node.
+pub struct Node {
+    // Drop order: processes first, then the namespace.
+    pub ztunnel: Option<ChildGuard>,
+    pub agent: Option<ChildGuard>,
+    pub index: u8,
+    pub name: String,
+    pub ns: Netns,
+    pub dir: PathBuf,
+    kubeconfig: PathBuf,
+    ca_dir: PathBuf,
+}
+
+impl Node {
+    /// Creates the namespace and directories and writes the reference conflist.
+    pub fn create(
+        tag: &str,
+        index: u8,
+        root: &Path,
+        kubeconfig: &Path,
+        ca_dir: &Path,
+    ) -> Result<Self> {
+        let ns = Netns::new(&format!("{tag}n{index}"))?;
+        ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        let dir = root.join(format!("node-{index}"));
+        for sub in ["conf", "bin", "run", "zds", "ipam"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        let node = Node {
+            ztunnel: None,
+            agent: None,
+            index,
+            name: format!("node-{index}"),
+            ns,
+            dir,
+            kubeconfig: kubeconfig.to_owned(),
+            ca_dir: ca_dir.to_owned(),
+        };
+        node.write_bridge_conflist()?;
+        Ok(node)
+    }
+
+    /// The node's address on the cluster network.
+    pub fn ip(&self) -> String {
+        format!("{CLUSTER_NET_PREFIX}.{}", 10 + self.index)
+    }
+
+    pub fn pod_cidr(&self) -> String {
+        format!("10.244.{}.0/24", self.index)
+    }
+
+    pub fn conf_dir(&self) -> PathBuf {
+        self.dir.join("conf")
+    }
+
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.join("bin")
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    /// Where the agent serves ZDS and ztunnel connects.
+    pub fn zds_socket(&self) -> PathBuf {
+        self.dir.join("zds").join("ztunnel.sock")
+    }
+
+    /// `CNI_PATH`: the reference plugins, then the agent's bin dir.
+    pub fn cni_path(&self) -> Vec<PathBuf> {
+        vec![crate::cni_reference_plugin_dir(), self.bin_dir()]
+    }
+
+    /// (Re)writes the primary CNI's config, as a CNI installer would on its start.
+    pub fn write_bridge_conflist(&self) -> Result<()> {
+        let list = cni::bridge_conflist(self.index, &self.dir.join("ipam"));
+        let tmp = self.conf_dir().join(".bridge.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&list)?)?;
+        std::fs::rename(&tmp, self.conf_dir().join(BRIDGE_CONFLIST))?;
+        Ok(())
+    }
+
+    /// Whether the primary conflist chains `istio-cni` and the binary is installed.
+    pub fn plugin_installed(&self) -> bool {
+        let chained = cni::find_config(&self.conf_dir())
+            .map(|l| l.plugins.iter().any(|p| p["type"] == "istio-cni"))
+            .unwrap_or(false);
+        chained && self.bin_dir().join("istio-cni").exists()
+    }
+
+    /// Starts the node agent and waits until it installed the plugin.
+    pub fn start_agent(&mut self) -> Result<()> {
+        if let Some(mut old) = self.agent.take() {
+            old.kill();
+        }
+        let mut cmd = self
+            .ns
+            .command(binary("cni-agent")?.to_str().context("path")?);
+        cmd.arg("--cni-conf-dir")
+            .arg(self.conf_dir())
+            .arg("--cni-bin-dir")
+            .arg(self.bin_dir())
+            .arg("--run-dir")
+            .arg(self.run_dir())
+            .env("NODE_NAME", &self.name)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("ZTUNNEL_UDS_ADDRESS", self.zds_socket())
+            .env(OWNER_ENV, owner_marker())
+            .env(
+                "RUST_LOG",
+                std::env::var("CNI_AGENT_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        let guard = ChildGuard::spawn(&format!("cni-agent-{}", self.ns.name()), cmd)?;
+        wait_for(
+            "the agent to install istio-cni",
+            Duration::from_secs(20),
+            || self.plugin_installed().then_some(()),
+        )
+        .with_context(|| format!("cni-agent log:\n{}", guard.log()))?;
+        self.agent = Some(guard);
+        Ok(())
+    }
+
+    /// Starts the node's ztunnel (shared mode, Kubernetes discovery). It does not wait
+    /// for readiness: that needs the agent's ZDS snapshot (see [`Node::ztunnel_ready`]).
+    pub fn start_ztunnel(&mut self) -> Result<()> {
+        if let Some(mut old) = self.ztunnel.take() {
+            old.kill();
+        }
+        let mut cmd = self
+            .ns
+            .command(binary("ztunnel")?.to_str().context("path")?);
+        cmd.env("PROXY_MODE", "shared")
+            .env("DISCOVERY_SOURCE", "kubernetes")
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("XDS_ADDRESS", "")
+            .env("CA_CERTS_DIR", &self.ca_dir)
+            .env("INPOD_UDS", self.zds_socket())
+            .env("NODE_NAME", &self.name)
+            .env(OWNER_ENV, owner_marker())
+            .env(
+                "RUST_LOG",
+                std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        self.ztunnel = Some(ChildGuard::spawn(
+            &format!("ztunnel-{}", self.ns.name()),
+            cmd,
+        )?);
+        Ok(())
+    }
+
+    /// Stops the node's ztunnel (SIGTERM, then kill).
+    pub fn stop_ztunnel(&mut self) {
+        if let Some(mut z) = self.ztunnel.take() {
+            z.signal(libc::SIGTERM);
+            if z.wait_timeout(Duration::from_secs(8)).is_none() {
+                z.kill();
+            }
+        }
+    }
+
+    /// Whether ztunnel's readiness endpoint answers 200.
+    pub fn ztunnel_ready(&self) -> bool {
+        crate::mesh::http_get(&self.ns, "http://127.0.0.1:15021/healthz/ready").is_ok()
+    }
+
+    /// Prometheus text from this node's ztunnel.
+    pub fn ztunnel_metrics(&self) -> Result<String> {
+        crate::mesh::ztunnel_metrics(&self.ns)
+    }
+
+    /// Logs of the node's processes, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        for (what, p) in [("cni-agent", &self.agent), ("ztunnel", &self.ztunnel)] {
+            if let Some(p) = p {
+                text.push_str(&format!("--- {what} on {} ---\n{}\n", self.name, p.log()));
+            }
+        }
+        text
+    }
+}

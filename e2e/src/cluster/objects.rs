@@ -1,0 +1,177 @@
+//! Kubernetes objects the harness writes: pods, namespaces, nodes, the mesh's
+//! DaemonSets, events; and timestamps in the API's format.
+
+use serde_json::{json, Value};
+
+/// A pod bound to `node` running `argv` (the first word may name a workspace binary,
+/// e.g. `e2e-app`), with service account `sa` and `labels`.
+pub fn pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    sa: &str,
+    labels: &[(&str, &str)],
+    argv: &[&str],
+) -> Value {
+    let labels: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|(k, v)| ((*k).into(), json!(v)))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": sa,
+            "containers": [{
+                "name": "app",
+                "image": "e2e-app:local",
+                "command": argv.first().map(|c| vec![*c]).unwrap_or_default(),
+                "args": argv.iter().skip(1).collect::<Vec<_>>(),
+            }],
+        }
+    })
+}
+
+pub fn namespace(name: &str, labels: &[(&str, &str)]) -> Value {
+    let labels: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|(k, v)| ((*k).into(), json!(v)))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
+/// A ClusterIP Service selecting `selector`, port `port` -> `target_port`.
+pub fn service(
+    namespace: &str,
+    name: &str,
+    selector: &[(&str, &str)],
+    port: u16,
+    target_port: u16,
+) -> Value {
+    let selector: serde_json::Map<String, Value> = selector
+        .iter()
+        .map(|(k, v)| ((*k).into(), json!(v)))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": selector, "ports": [{"name": "tcp", "port": port, "targetPort": target_port, "protocol": "TCP"}]}
+    })
+}
+
+/// A Ready node with its pod CIDR and cluster-network address.
+pub fn node(name: &str, ip: &str, pod_cidr: &str) -> Value {
+    let now = now_rfc3339();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "nodeInfo": {"kubeletVersion": "v1.33.0-e2e", "containerRuntimeVersion": "e2e://netns",
+                         "operatingSystem": "linux", "architecture": std::env::consts::ARCH},
+        }
+    })
+}
+
+/// A DaemonSet object standing for one of the mesh's node components.
+pub fn daemonset(namespace: &str, name: &str, app: &str, nodes: usize) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
+        "spec": {
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {"labels": {"app": app}},
+                "spec": {"containers": [{"name": app, "image": format!("{app}:local")}]}
+            }
+        },
+        "status": {"desiredNumberScheduled": nodes, "currentNumberScheduled": nodes,
+                   "numberReady": nodes, "numberAvailable": nodes, "updatedNumberScheduled": nodes}
+    })
+}
+
+/// A Warning event about `pod` from `node`'s kubelet.
+pub fn pod_event(pod: &Value, node: &str, reason: &str, message: &str, seq: u64) -> Value {
+    let meta = &pod["metadata"];
+    let name = meta["name"].as_str().unwrap_or_default();
+    let now = now_rfc3339();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": format!("{name}.{:x}{seq:04x}", std::process::id()), "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
+                           "namespace": meta["namespace"], "uid": meta["uid"]},
+        "reason": reason,
+        "message": message,
+        "type": "Warning",
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": "kubelet", "host": node},
+        "reportingComponent": "kubelet",
+        "reportingInstance": node,
+    })
+}
+
+/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    rfc3339(secs)
+}
+
+fn rfc3339(secs: u64) -> String {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm), valid for any date after 1970.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_timestamps() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_709_210_096), "2024-02-29T12:34:56Z");
+    }
+
+    #[test]
+    fn pod_splits_command_and_args() {
+        let p = pod(
+            "d",
+            "p",
+            "node-1",
+            "sa",
+            &[("app", "x")],
+            &["e2e-app", "sink", "--listen", "0.0.0.0:9000"],
+        );
+        assert_eq!(p["spec"]["containers"][0]["command"], json!(["e2e-app"]));
+        assert_eq!(p["spec"]["containers"][0]["args"][0], "sink");
+        assert_eq!(p["metadata"]["labels"]["app"], "x");
+    }
+}

@@ -1,0 +1,557 @@
+//! The local multi-node cluster end to end: pods created by the kubelet stand-in
+//! through the node's CNI chain (reference `bridge` + the agent's `istio-cni`), and
+//! the mesh on top. Root only; each test builds its own cluster, one at a time.
+//!
+//! Every traffic test through the mesh asserts from ztunnel's metrics that the bytes
+//! crossed HBONE over mutual TLS with the expected SPIFFE identities.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use e2e::cluster::LocalCluster;
+use e2e::mesh::metric_sum;
+use e2e::process::wait_for;
+
+const T: Duration = Duration::from_secs(30);
+const AMBIENT: (&str, &str) = ("istio.io/dataplane-mode", "ambient");
+
+/// Clusters are heavy (two cores): one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sink(port: u16) -> Vec<String> {
+    ["e2e-app", "sink", "--listen", &format!("0.0.0.0:{port}")]
+        .map(String::from)
+        .to_vec()
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// A client pod that only sleeps; tests exec `e2e-app send` in it.
+const IDLE: &[&str] = &["sleep", "3600"];
+
+fn principal(ns: &str, sa: &str) -> String {
+    format!("spiffe://cluster.local/ns/{ns}/sa/{sa}")
+}
+
+/// Bytes the destination node's ztunnel received over mTLS from `src` to `dst`.
+fn mtls_bytes(c: &LocalCluster, dst_node: u8, src: (&str, &str), dst: (&str, &str)) -> f64 {
+    let text = c.node(dst_node).ztunnel_metrics().unwrap_or_default();
+    let (sp, dp) = (principal(src.0, src.1), principal(dst.0, dst.1));
+    metric_sum(
+        &text,
+        "istio_tcp_received_bytes_total",
+        &[
+            ("reporter", "destination"),
+            ("connection_security_policy", "mutual_tls"),
+            ("source_principal", &sp),
+            ("destination_principal", &dp),
+        ],
+    )
+}
+
+/// Waits until the destination ztunnel reports at least `bytes` over mTLS.
+fn assert_mtls(c: &LocalCluster, dst_node: u8, src: (&str, &str), dst: (&str, &str), bytes: f64) {
+    wait_for("mutual-TLS bytes in ztunnel's metrics", T, || {
+        (mtls_bytes(c, dst_node, src, dst) >= bytes).then_some(())
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}",
+            c.node(dst_node).ztunnel_metrics().unwrap_or_default()
+        )
+    });
+}
+
+// ---------------------------------------------------------------- infrastructure
+
+#[test]
+fn cluster_comes_up_with_the_plugin_installed() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("cup").unwrap();
+    for node in &c.nodes {
+        assert!(node.plugin_installed(), "{}", node.logs());
+    }
+    let nodes = c.kubectl(&["get", "nodes", "-o", "name"]).unwrap();
+    assert!(
+        nodes.contains("node/node-1") && nodes.contains("node/node-2"),
+        "{nodes}"
+    );
+    let ds = c
+        .kubectl(&["get", "daemonsets", "-n", "istio-system", "-o", "name"])
+        .unwrap();
+    assert!(
+        ds.contains("istio-cni-node") && ds.contains("ztunnel"),
+        "{ds}"
+    );
+}
+
+#[test]
+fn pods_start_through_the_cni_chain_and_talk_without_the_mesh() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("pln").unwrap();
+    c.create_namespace("plain", &[]).unwrap();
+    c.create_pod("plain", "server", 2, "server", &[], &args(&sink(9000)))
+        .unwrap();
+    c.create_pod("plain", "near", 1, "server", &[], &args(&sink(9000)))
+        .unwrap();
+    c.create_pod("plain", "client", 1, "client", &[], IDLE)
+        .unwrap();
+    let server = c.wait_pod_running("plain", "server", T).unwrap();
+    let near = c.wait_pod_running("plain", "near", T).unwrap();
+    let client = c.wait_pod_running("plain", "client", T).unwrap();
+    assert!(
+        server.ip.starts_with("10.244.2.") && client.ip.starts_with("10.244.1."),
+        "{server:?} {client:?}"
+    );
+    assert_eq!(client.plugins, ["bridge", "istio-cni"]);
+    // The bridge plugin made the node's pod bridge.
+    assert!(c.node(1).ns.stdout(&["ip", "link", "show", "cni0"]).is_ok());
+    for (what, ip) in [("cross-node", &server.ip), ("same-node", &near.ip)] {
+        let answer = wait_for(what, T, || {
+            c.send("plain", "client", &format!("{ip}:9000"), 10_000)
+                .ok()
+        })
+        .unwrap();
+        assert_eq!(answer["bytes"], 10_000, "{what}");
+        let peer = answer["peer"].as_str().unwrap_or_default();
+        assert!(
+            peer.starts_with(&format!("{}:", client.ip)),
+            "{what}: the server saw {peer}"
+        );
+    }
+    let pod = c.get_pod("plain", "client").unwrap();
+    assert_eq!(pod["status"]["podIP"], client.ip.as_str());
+    assert!(
+        c.redirection("plain", "client").is_none(),
+        "a non-ambient pod is never redirected"
+    );
+}
+
+#[test]
+fn deleting_a_pod_removes_its_processes_and_namespace() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("del").unwrap();
+    c.create_namespace("d", &[]).unwrap();
+    c.create_pod("d", "p", 1, "default", &[], &args(&sink(9000)))
+        .unwrap();
+    let p = c.wait_pod_running("d", "p", T).unwrap();
+    c.delete_pod("d", "p").unwrap();
+    wait_for("the sandbox to go", T, || {
+        c.pod("d", "p").is_none().then_some(())
+    })
+    .unwrap();
+    c.settle();
+    let list = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&list.stdout).contains(&p.netns),
+        "{} left behind",
+        p.netns
+    );
+    for pid in p.pids {
+        assert!(!process_alive(pid), "container process {pid} survived");
+    }
+}
+
+#[test]
+fn twenty_pods_per_node_created_at_once() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("many").unwrap();
+    c.create_namespace("many", &[]).unwrap();
+    for node in 1..=2u8 {
+        for i in 0..20 {
+            c.create_pod("many", &format!("p{node}-{i}"), node, "default", &[], IDLE)
+                .unwrap();
+        }
+    }
+    let mut ips = std::collections::BTreeSet::new();
+    for node in 1..=2u8 {
+        for i in 0..20 {
+            let p = c
+                .wait_pod_running("many", &format!("p{node}-{i}"), Duration::from_secs(90))
+                .unwrap();
+            assert!(ips.insert(p.ip.clone()), "IP {} given twice", p.ip);
+        }
+    }
+}
+
+#[test]
+fn overwritten_conflist_is_repaired_and_new_pods_get_the_plugin() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("ovw").unwrap();
+    c.node(1).write_bridge_conflist().unwrap();
+    wait_for("the agent to repair the chain", T, || {
+        c.node(1).plugin_installed().then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}", c.node(1).logs()));
+    c.create_namespace("o", &[]).unwrap();
+    c.create_pod("o", "after", 1, "default", &[], IDLE).unwrap();
+    let p = c.wait_pod_running("o", "after", T).unwrap();
+    assert_eq!(p.plugins, ["bridge", "istio-cni"]);
+}
+
+#[test]
+fn teardown_leaves_no_namespace_link_or_process() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("tdn").unwrap();
+    c.create_namespace("t", &[]).unwrap();
+    c.create_pod("t", "a", 1, "default", &[], &args(&sink(9000)))
+        .unwrap();
+    c.create_pod("t", "b", 2, "default", &[], IDLE).unwrap();
+    let mut names = c.namespace_names();
+    let mut pids = vec![];
+    for (n, p) in [("t", "a"), ("t", "b")] {
+        let h = c.wait_pod_running(n, p, T).unwrap();
+        names.push(h.netns);
+        pids.extend(h.pids);
+    }
+    for node in &c.nodes {
+        pids.extend(node.agent.as_ref().map(|p| p.pid()));
+        pids.extend(node.ztunnel.as_ref().map(|p| p.pid()));
+    }
+    pids.extend(c.control_plane.apiserver.as_ref().map(|p| p.pid()));
+    drop(c);
+    let list = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    for name in names {
+        assert!(!list.contains(&name), "namespace {name} left behind");
+    }
+    for pid in pids {
+        assert!(!process_alive(pid), "process {pid} left behind");
+    }
+    // Links and rules lived only inside the deleted namespaces; the root has none of ours.
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&links.stdout).contains("cni0"),
+        "a pod bridge leaked into the root namespace"
+    );
+}
+
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or_default()
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+// ---------------------------------------------------------------- the mesh
+
+/// A cluster with the ambient namespace `m` and ready ztunnels.
+fn mesh_cluster(tag: &str) -> LocalCluster {
+    let c = LocalCluster::start(tag).unwrap();
+    c.create_namespace("m", &[AMBIENT]).unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    c
+}
+
+/// Starts `name` in namespace `m` and waits until it runs with redirection enabled.
+fn ambient_pod(
+    c: &LocalCluster,
+    name: &str,
+    node: u8,
+    sa: &str,
+    labels: &[(&str, &str)],
+    argv: &[&str],
+) -> String {
+    c.create_pod("m", name, node, sa, labels, argv).unwrap();
+    let p = c.wait_pod_running("m", name, T).unwrap();
+    c.wait_redirection("m", name, Some("enabled"), T).unwrap();
+    p.ip
+}
+
+/// Sends `bytes` from `from` until the sink answers; the answer.
+fn send_ok(c: &LocalCluster, ns: &str, from: &str, target: &str, bytes: u64) -> serde_json::Value {
+    wait_for(&format!("{from} -> {target}"), T, || {
+        c.send(ns, from, target, bytes).ok()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.diagnostics(ns, from)))
+}
+
+#[test]
+fn ambient_pods_talk_over_hbone_across_nodes_and_on_one_node() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = mesh_cluster("xnd");
+    let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
+    let near = ambient_pod(&c, "near", 1, "near", &[], &args(&sink(9000)));
+    let client = ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    let answer = send_ok(&c, "m", "client", &format!("{server}:9000"), 20_000);
+    assert!(
+        answer["peer"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&format!("{client}:")),
+        "{answer}"
+    );
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 20_000.0);
+    send_ok(&c, "m", "client", &format!("{near}:9000"), 30_000);
+    assert_mtls(&c, 1, ("m", "client"), ("m", "near"), 30_000.0);
+}
+
+#[test]
+fn a_service_vip_is_resolved_by_ztunnel() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = mesh_cluster("svc");
+    ambient_pod(
+        &c,
+        "server",
+        2,
+        "server",
+        &[("app", "server")],
+        &args(&sink(9000)),
+    );
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    let svc = e2e::cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
+    let svc = c.api().post("/api/v1/namespaces/m/services", &svc).unwrap();
+    let vip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
+    let answer = send_ok(&c, "m", "client", &format!("{vip}:80"), 5_000);
+    assert_eq!(answer["bytes"], 5_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 5_000.0);
+}
+
+#[test]
+fn an_authorization_policy_denies_one_client_and_not_the_other() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = mesh_cluster("pol");
+    let server = ambient_pod(
+        &c,
+        "server",
+        2,
+        "server",
+        &[("app", "server")],
+        &args(&sink(9000)),
+    );
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    ambient_pod(&c, "intruder", 1, "intruder", &[], IDLE);
+    let target = format!("{server}:9000");
+    send_ok(&c, "m", "intruder", &target, 100);
+    c.kubectl_apply(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny, namespace: m}\n\
+         spec:\n  selector: {matchLabels: {app: server}}\n  action: DENY\n  rules:\n  \
+         - from: [{source: {principals: [cluster.local/ns/m/sa/intruder]}}]\n",
+    )
+    .unwrap();
+    wait_for("the policy to deny the intruder", T, || {
+        c.send("m", "intruder", &target, 100).err()
+    })
+    .unwrap();
+    send_ok(&c, "m", "client", &target, 4_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 4_000.0);
+    let m = c.node(2).ztunnel_metrics().unwrap();
+    assert!(
+        metric_sum(&m, "ztunnel_errors_total", &[("reason", "policy_denied")]) >= 1.0,
+        "{m}"
+    );
+}
+
+#[test]
+fn running_pods_are_enrolled_and_unenrolled_by_namespace_label() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("enr").unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    c.create_namespace("late", &[]).unwrap();
+    c.create_pod("late", "server", 2, "server", &[], &args(&sink(9000)))
+        .unwrap();
+    c.create_pod("late", "client", 1, "client", &[], IDLE)
+        .unwrap();
+    let server = c.wait_pod_running("late", "server", T).unwrap();
+    let client = c.wait_pod_running("late", "client", T).unwrap();
+    let target = format!("{}:9000", server.ip);
+    send_ok(&c, "late", "client", &target, 1_000);
+    assert_eq!(
+        mtls_bytes(&c, 2, ("late", "client"), ("late", "server")),
+        0.0
+    );
+
+    c.label_namespace("late", AMBIENT.0, Some(AMBIENT.1))
+        .unwrap();
+    for pod in ["server", "client"] {
+        c.wait_redirection("late", pod, Some("enabled"), T).unwrap();
+    }
+    let again = c.pod("late", "client").unwrap();
+    assert_eq!(
+        (again.uid, again.pids),
+        (client.uid, client.pids),
+        "enrolled without a restart"
+    );
+    send_ok(&c, "late", "client", &target, 7_000);
+    assert_mtls(&c, 2, ("late", "client"), ("late", "server"), 7_000.0);
+
+    c.label_namespace("late", AMBIENT.0, None).unwrap();
+    for pod in ["server", "client"] {
+        c.wait_redirection("late", pod, None, T).unwrap();
+    }
+    let before = mtls_bytes(&c, 2, ("late", "client"), ("late", "server"));
+    send_ok(&c, "late", "client", &target, 3_000);
+    assert_eq!(
+        mtls_bytes(&c, 2, ("late", "client"), ("late", "server")),
+        before,
+        "plain again"
+    );
+}
+
+#[test]
+fn a_long_lived_connection_survives_an_agent_restart() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = mesh_cluster("agr");
+    let echo = ["e2e-app", "echo", "--listen", "0.0.0.0:9001"];
+    let server = ambient_pod(&c, "server", 2, "server", &[], &echo);
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    let target = format!("{server}:9001");
+    let mut ping = c
+        .spawn_in_pod(
+            "m",
+            "client",
+            &[
+                "e2e-app",
+                "ping",
+                "--connect",
+                &target,
+                "--count",
+                "60",
+                "--interval-ms",
+                "100",
+            ],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    c.node_mut(1).start_agent().unwrap();
+    c.node_mut(2).start_agent().unwrap();
+    let status = ping.wait_timeout(T).expect("ping finished");
+    assert!(status.success(), "the connection broke: {}", ping.log());
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 60.0 * 64.0);
+}
+
+#[test]
+fn new_connections_work_after_a_ztunnel_restart() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = mesh_cluster("ztr");
+    let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    let target = format!("{server}:9000");
+    send_ok(&c, "m", "client", &target, 1_000);
+    for node in [2u8, 1] {
+        c.node_mut(node).stop_ztunnel();
+        c.node_mut(node).start_ztunnel().unwrap();
+    }
+    c.wait_ztunnels_ready(T).unwrap();
+    send_ok(&c, "m", "client", &target, 6_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 6_000.0);
+}
+
+#[test]
+fn pods_fail_closed_while_ztunnel_is_down() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = mesh_cluster("fcl");
+    c.create_namespace("plain", &[]).unwrap();
+    let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
+    c.node_mut(1).stop_ztunnel();
+    c.create_pod("m", "late", 1, "client", &[], IDLE).unwrap();
+    c.create_pod("plain", "bystander", 1, "default", &[], IDLE)
+        .unwrap();
+    c.wait_pod_running("plain", "bystander", T).unwrap();
+    let events = wait_for("a FailedCreatePodSandBox event", T, || {
+        let ev = c.pod_events("m", "late").ok()?;
+        ev.into_iter()
+            .find(|(reason, _)| reason == "FailedCreatePodSandBox")
+    })
+    .unwrap();
+    assert!(
+        events.1.to_lowercase().contains("ztunnel"),
+        "the event says why: {}",
+        events.1
+    );
+    assert!(
+        c.pod("m", "late").is_none(),
+        "an ambient pod started without ztunnel"
+    );
+    c.node_mut(1).start_ztunnel().unwrap();
+    c.wait_pod_running("m", "late", Duration::from_secs(60))
+        .unwrap();
+    c.wait_redirection("m", "late", Some("enabled"), T).unwrap();
+    send_ok(&c, "m", "late", &format!("{server}:9000"), 2_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 2_000.0);
+}
+
+#[test]
+fn twenty_ambient_pods_per_node_are_enrolled() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = mesh_cluster("m20");
+    let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
+    for node in 1..=2u8 {
+        for i in 0..20 {
+            c.create_pod("m", &format!("p{node}-{i}"), node, "many", &[], IDLE)
+                .unwrap();
+        }
+    }
+    for node in 1..=2u8 {
+        for i in 0..20 {
+            let name = format!("p{node}-{i}");
+            c.wait_pod_running("m", &name, Duration::from_secs(90))
+                .unwrap();
+            c.wait_redirection("m", &name, Some("enabled"), Duration::from_secs(60))
+                .unwrap();
+        }
+    }
+    send_ok(&c, "m", "p1-7", &format!("{server}:9000"), 1_500);
+    assert_mtls(&c, 2, ("m", "many"), ("m", "server"), 1_500.0);
+}
