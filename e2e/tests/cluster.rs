@@ -292,6 +292,9 @@ fn ambient_pod(
     c.create_pod("m", name, node, sa, labels, argv).unwrap();
     let p = c.wait_pod_running("m", name, T).unwrap();
     c.wait_redirection("m", name, Some("enabled"), T).unwrap();
+    for node in 1..=c.nodes.len() as u8 {
+        c.wait_ztunnel_sees_hbone(node, &p.ip, T).unwrap();
+    }
     p.ip
 }
 
@@ -415,6 +418,7 @@ fn running_pods_are_enrolled_and_unenrolled_by_namespace_label() {
     for pod in ["server", "client"] {
         c.wait_redirection("late", pod, Some("enabled"), T).unwrap();
     }
+    c.wait_ztunnel_sees_hbone(1, &server.ip, T).unwrap();
     let again = c.pod("late", "client").unwrap();
     assert_eq!(
         (again.uid, again.pids),

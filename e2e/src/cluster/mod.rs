@@ -281,6 +281,31 @@ impl LocalCluster {
         .with_context(|| self.diagnostics(ns, name))
     }
 
+    /// Waits until node `node`'s ztunnel has learned (from Kubernetes) that the pod
+    /// at `ip` takes HBONE. Between the agent's annotation and this moment a new
+    /// connection to the pod still goes out as plain TCP, as with Istio.
+    pub fn wait_ztunnel_sees_hbone(&self, node: u8, ip: &str, timeout: Duration) -> Result<()> {
+        let ns = &self.node(node).ns;
+        wait_for(
+            &format!("node {node}'s ztunnel to see {ip} as HBONE"),
+            timeout,
+            || {
+                let dump = crate::mesh::http_get(ns, "http://127.0.0.1:15000/config_dump").ok()?;
+                let dump: Value = serde_json::from_str(&dump).ok()?;
+                dump["workloads"]
+                    .as_array()?
+                    .iter()
+                    .any(|w| {
+                        w["protocol"] == "HBONE"
+                            && w["workloadIps"]
+                                .as_array()
+                                .is_some_and(|ips| ips.iter().any(|i| i == ip))
+                    })
+                    .then_some(())
+            },
+        )
+    }
+
     /// Messages of the events recorded about a pod.
     pub fn pod_events(&self, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
         let events = self
