@@ -9,7 +9,6 @@ use hyper::body::Incoming;
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -60,19 +59,5 @@ fn route(request: &Request<Incoming>, readiness: &Readiness) -> Response {
 
 /// Serves probes until `cancel`.
 pub async fn serve(listener: TcpListener, readiness: Readiness, cancel: CancellationToken) {
-    let handler = router(readiness);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    http_server::spawn_connection(stream, handler.clone(), cancel.clone())
-                }
-                Err(e) => {
-                    tracing::warn!("accept on the health port failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-        }
-    }
+    http_server::serve_tcp(listener, router(readiness), cancel, "health").await
 }

@@ -115,3 +115,26 @@ where
         }
     });
 }
+
+/// Serves `handler` on a TCP listener until `cancel`, one task per connection.
+/// `what` names the port in the log when accepting fails.
+pub async fn serve_tcp(
+    listener: tokio::net::TcpListener,
+    handler: Handler,
+    cancel: CancellationToken,
+    what: &'static str,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => spawn_connection(stream, handler.clone(), cancel.clone()),
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("accept on the {what} port failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+}

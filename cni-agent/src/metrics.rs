@@ -142,21 +142,7 @@ impl Metrics {
 
     /// Serves `/metrics` until `cancel`.
     pub async fn serve(self, listener: TcpListener, cancel: CancellationToken) {
-        let handler = self.router();
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        http_server::spawn_connection(stream, handler.clone(), cancel.clone())
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept on the metrics port failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                },
-            }
-        }
+        http_server::serve_tcp(listener, self.router(), cancel, "metrics").await
     }
 }
 

@@ -430,8 +430,13 @@ async fn running_pod_enrolled_by_namespace_label_then_restored_and_repaired_on_r
         .await
         .unwrap();
     wait_cache(&first.cache, "the namespace label", |c| {
-        c.namespace(QUIET)
-            .is_some_and(|n| n.metadata.labels.as_ref().is_some_and(|l| !l.is_empty()))
+        c.namespace(QUIET).is_some_and(|n| {
+            n.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("istio.io/dataplane-mode"))
+                .is_some_and(|v| v == "ambient")
+        })
     })
     .await;
     first.enroller.reconcile(&key).await.unwrap();
