@@ -23,8 +23,10 @@ use tokio_util::sync::CancellationToken;
 pub const READY_KUBE_CACHES: &str = "kube-caches";
 pub const READY_STARTUP_RECONCILE: &str = "startup-reconcile";
 
-/// Workers draining the queue (the CNI path enrolls on its own task).
-const WORKERS: usize = 2;
+/// Workers draining the queue (the CNI path enrolls on its own task). An
+/// enrollment mostly waits on iptables-restore/-save and ipset processes, so more
+/// workers than cores keep a namespace label's burst of pods moving.
+const WORKERS: usize = 8;
 
 /// `IPTABLES_BACKEND`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

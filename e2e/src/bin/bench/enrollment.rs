@@ -29,11 +29,10 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
 
     // New pods in an ambient namespace: each ADD waits for the agent.
     cluster.create_namespace("bench-cni", &[("istio.io/dataplane-mode", "ambient")])?;
-    for i in 0..plan.pods {
-        cluster.create_pod("bench-cni", &format!("p{i}"), 1, "default", &[], &argv)?;
-    }
+    // One at a time: the figure is a pod's own ADD, not a queue behind others.
     let mut gated_ms = Vec::new();
     for i in 0..plan.pods {
+        cluster.create_pod("bench-cni", &format!("p{i}"), 1, "default", &[], &argv)?;
         let pod =
             cluster.wait_pod_running("bench-cni", &format!("p{i}"), Duration::from_secs(120))?;
         if let Some((_, ms)) = pod.cni_add_ms.iter().find(|(kind, _)| kind == "istio-cni") {
