@@ -46,20 +46,11 @@ pub fn start_dedicated_ztunnel(
     ca_dir: &Path,
     local_config: &Path,
 ) -> Result<ChildGuard> {
-    let mut cmd = ns.command(binary("ztunnel")?.to_str().context("path")?);
-    cmd.env("PROXY_MODE", "dedicated")
-        .env("PROXY_WORKLOAD_INFO", workload_info)
-        .env("XDS_ADDRESS", "")
-        .env("CA_CERTS_DIR", ca_dir)
-        .env("LOCAL_XDS_PATH", local_config)
-        .env(
-            "RUST_LOG",
-            std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()),
-        );
-    let name = format!("ztunnel-{}", ns.name());
-    let guard = ChildGuard::spawn(&name, cmd)?;
-    wait_ready(ns, &guard)?;
-    Ok(guard)
+    let env = [
+        ("PROXY_MODE", "dedicated"),
+        ("PROXY_WORKLOAD_INFO", workload_info),
+    ];
+    start_ztunnel(ns, ca_dir, local_config, &env)
 }
 
 /// A shared-mode (node proxy) ztunnel in the node namespace `ns`, driven over ZDS
@@ -72,17 +63,29 @@ pub fn start_shared_ztunnel(
     local_config: &Path,
     extra_env: &[(&str, &str)],
 ) -> Result<ChildGuard> {
+    let uds = inpod_uds.to_str().context("INPOD_UDS path")?;
+    let mut env = vec![("PROXY_MODE", "shared"), ("INPOD_UDS", uds)];
+    env.extend_from_slice(extra_env);
+    start_ztunnel(ns, ca_dir, local_config, &env)
+}
+
+/// ztunnel in `ns` with no control plane, the CA and local config given, plus `env`;
+/// returns once it reports ready.
+fn start_ztunnel(
+    ns: &Netns,
+    ca_dir: &Path,
+    local_config: &Path,
+    env: &[(&str, &str)],
+) -> Result<ChildGuard> {
     let mut cmd = ns.command(binary("ztunnel")?.to_str().context("path")?);
-    cmd.env("PROXY_MODE", "shared")
-        .env("INPOD_UDS", inpod_uds)
-        .env("XDS_ADDRESS", "")
+    cmd.env("XDS_ADDRESS", "")
         .env("CA_CERTS_DIR", ca_dir)
         .env("LOCAL_XDS_PATH", local_config)
         .env(
             "RUST_LOG",
             std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()),
         );
-    for (k, v) in extra_env {
+    for (k, v) in env {
         cmd.env(k, v);
     }
     let guard = ChildGuard::spawn(&format!("ztunnel-{}", ns.name()), cmd)?;

@@ -85,25 +85,7 @@ impl Node {
 /// Joins two nodes with a routed link so their pod CIDRs reach each other.
 pub fn connect_nodes(a: &Node, b: &Node) -> Result<()> {
     let (a_ip, b_ip) = (format!("10.0.{}.1", b.index), format!("10.0.{}.2", b.index));
-    let a_if = format!("nd{}", b.index);
-    let b_if = format!("nd{}", a.index);
-    a.ns.exec(&[
-        "ip",
-        "link",
-        "add",
-        &a_if,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &b_if,
-        "netns",
-        b.ns.name(),
-    ])?;
-    a.ns.exec(&["ip", "addr", "add", &format!("{a_ip}/30"), "dev", &a_if])?;
-    a.ns.exec(&["ip", "link", "set", &a_if, "up"])?;
-    b.ns.exec(&["ip", "addr", "add", &format!("{b_ip}/30"), "dev", &b_if])?;
-    b.ns.exec(&["ip", "link", "set", &b_if, "up"])?;
+    crate::netns::link(&a.ns, &format!("{a_ip}/30"), &b.ns, &format!("{b_ip}/30"))?;
     a.ns.exec(&[
         "ip",
         "route",
