@@ -56,10 +56,8 @@ where
 
 /// Answers a stream with `status` and no body.
 pub fn respond_status(respond: &mut SendResponse<Bytes>, status: http::StatusCode) {
-    let response = http::Response::builder()
-        .status(status)
-        .body(())
-        .unwrap_or_default();
+    let mut response = http::Response::new(());
+    *response.status_mut() = status;
     // The client may already be gone; nothing to do then.
     let _ = respond.send_response(response, true);
 }
