@@ -256,16 +256,6 @@ impl Enroller {
             .enable(&netns, &rules)
             .await
             .map_err(|e| EnrollError::Redirect(e.to_string()))?;
-        if let Some(probe) = self.probe {
-            let (ips, uid) = (ips.to_vec(), uid.clone());
-            tokio::task::spawn_blocking(move || {
-                ips.iter()
-                    .try_for_each(|ip| probe.add_pod(*ip, &uid).map(|_| ()))
-            })
-            .await
-            .map_err(|e| EnrollError::Probe(e.to_string()))?
-            .map_err(|e| EnrollError::Probe(e.to_string()))?;
-        }
         let info = WorkloadInfo {
             name: pod.metadata.name.clone().unwrap_or_default(),
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
@@ -275,7 +265,25 @@ impl Enroller {
                 .and_then(|s| s.service_account_name.clone())
                 .unwrap_or_else(|| "default".into()),
         };
-        self.zds.add(&uid, info, &netns).await?;
+        // The probe ipset entry and the hand-off to ztunnel are independent (both
+        // only need the rules in place): do them at once, it is on the pod's
+        // start-up path. Both are idempotent if a retry follows a failure.
+        let probe = async {
+            let Some(probe) = self.probe else {
+                return Ok(());
+            };
+            let (ips, uid) = (ips.to_vec(), uid.clone());
+            tokio::task::spawn_blocking(move || {
+                ips.iter()
+                    .try_for_each(|ip| probe.add_pod(*ip, &uid).map(|_| ()))
+            })
+            .await
+            .map_err(|e| EnrollError::Probe(e.to_string()))?
+            .map_err(|e| EnrollError::Probe(e.to_string()))
+        };
+        let (probed, handed) = tokio::join!(probe, self.zds.add(&uid, info, &netns));
+        probed?;
+        handed?;
         self.set_enrolled(
             key,
             Some(Enrolled {
