@@ -256,15 +256,7 @@ impl Enroller {
             .enable(&netns, &rules)
             .await
             .map_err(|e| EnrollError::Redirect(e.to_string()))?;
-        let info = WorkloadInfo {
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-            service_account: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.service_account_name.clone())
-                .unwrap_or_else(|| "default".into()),
-        };
+        let info = workload_info(pod);
         // The probe ipset entry and the hand-off to ztunnel are independent (both
         // only need the rules in place): do them at once, it is on the pod's
         // start-up path. Both are idempotent if a retry follows a failure.
@@ -459,15 +451,7 @@ impl Enroller {
                     Err(e) => tracing::warn!(pod = %key, "repairing rules failed: {e}"),
                 }
             }
-            let info = WorkloadInfo {
-                name: pod.metadata.name.clone().unwrap_or_default(),
-                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-                service_account: pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.service_account_name.clone())
-                    .unwrap_or_else(|| "default".into()),
-            };
+            let info = workload_info(&pod);
             let path = netns.path().to_path_buf();
             self.zds.register(
                 &uid,
@@ -488,5 +472,18 @@ impl Enroller {
             restored += 1;
         }
         restored
+    }
+}
+
+/// What ztunnel is told about a pod over ZDS (its identity is `ns/sa`).
+fn workload_info(pod: &Pod) -> WorkloadInfo {
+    WorkloadInfo {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        service_account: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into()),
     }
 }
