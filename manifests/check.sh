@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Checks the Helm charts under manifests/charts (CI runs it; so can anyone):
-#   1. helm lint --strict, for both charts and every value combination below;
+#   1. helm lint --strict, for every chart and every value combination below;
 #   2. the default renders (and the CRD render) equal the golden files in testdata/;
 #   3. every combination renders, and every object in it validates strictly against
 #      the Kubernetes 1.33 OpenAPI schemas (kubernetes-validate), plus our invariants
-#      (namespaces, labels, hardened containers, structural CRD) and the expectations
-#      listed with the combination;
+#      (namespaces, labels, hardened containers, no Secret on a node, structural CRD)
+#      and the expectations listed with the combination;
 #   4. AuthorizationPolicy samples validate against the CRD, and broken ones do not;
-#   5. bad values fail with the schema error that names them (values.schema.json).
+#   5. the default ztunnel and istiod-lite renders fit together (CA address, token
+#      audience, trusted node account, cluster id, trust domain);
+#   6. bad values fail with the schema error that names them (values.schema.json).
 #
 # Usage: manifests/check.sh [--update] [--install]
 #   --update   rewrite the golden files from the current charts, then check the rest.
@@ -77,7 +79,7 @@ fail() {
 }
 
 # helm template with the release name, namespace and Kubernetes version every render
-# here uses. $1 = chart (cni | ztunnel), the rest = value arguments.
+# here uses. $1 = chart (cni | ztunnel | istiod-lite), the rest = value arguments.
 render() {
   local chart="$1"
   shift
@@ -85,13 +87,14 @@ render() {
   case "$chart" in
     cni) release=istio-cni ;;
     ztunnel) release=ztunnel ;;
+    istiod-lite) release=istiod ;;
   esac
   "$HELM" template "$release" "charts/$chart" --namespace "$NAMESPACE" \
     --kube-version "$KUBE_VERSION" "$@"
 }
 
 # ---------------------------------------------------------------- 1. lint
-for chart in cni ztunnel; do
+for chart in cni ztunnel istiod-lite; do
   if out="$("$HELM" lint --strict "charts/$chart" --namespace "$NAMESPACE" \
     --kube-version "$KUBE_VERSION" 2>&1)"; then
     pass "lint $chart"
@@ -107,6 +110,7 @@ goldens=(
   "cni|cni|"
   "ztunnel|ztunnel|"
   "ztunnel-crds-both|ztunnel|--set crds.enabled=true --set discovery.source=both"
+  "istiod-lite|istiod-lite|"
 )
 for entry in "${goldens[@]}"; do
   IFS='|' read -r name chart args <<<"$entry"
@@ -138,7 +142,11 @@ cni_ctr="$cni_ds.containers[name=install-cni]"
 cni_cm='ConfigMap/istio-cni-config:data'
 zt_ds='DaemonSet/ztunnel:spec.template.spec'
 zt_ctr="$zt_ds.containers[name=istio-proxy]"
+zt_mounts="$zt_ctr.volumeMounts"
 crd='CustomResourceDefinition/authorizationpolicies.security.istio.io'
+cp_pod='Deployment/istiod:spec.template.spec'
+cp_ctr="$cp_pod.containers[name=discovery]"
+cp_env="$cp_ctr.env"
 combos=(
   # --- cni
   "cni||$cni_cm.ISTIO_OWNED_CNI_CONFIG=false; $cni_cm.CNI_UNINSTALL_ON_EXIT=false; $cni_ctr.env[name=CNI_AGENT_RUN_DIR].value=/var/run/istio-cni; $cni_ctr.env[name=CNI_NET_DIR].value=/host/etc/cni/net.d; $cni_ctr.env[name=CNI_BIN_DIR].value=/host/opt/cni/bin; $cni_cm.EXCLUDE_NAMESPACES=kube-system; $cni_ds.hostNetwork=true; $cni_ds.volumes[name=cni-bin-dir].hostPath.path=/opt/cni/bin; $cni_ds.volumes[name=cni-net-dir].hostPath.path=/etc/cni/net.d; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPropagation=HostToContainer; $cni_ctr.securityContext.capabilities.add.3=SYS_PTRACE; !$cni_ctr.securityContext.capabilities.add.4; $cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS].value=/var/run/ztunnel/ztunnel.sock; $cni_ctr.livenessProbe.httpGet.path=/healthz; $cni_ctr.readinessProbe.httpGet.port=8000; DaemonSet/istio-cni-node:spec.updateStrategy.rollingUpdate.maxUnavailable=1"
@@ -162,17 +170,35 @@ combos=(
   "cni|-f platforms/minikube.yaml|$cni_ds.volumes[name=cni-netns-dir].hostPath.path=/var/run/docker/netns; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPath=/var/run/docker/netns; $cni_ctr.env[name=CNI_NETNS_DIR].value=/var/run/docker/netns"
   "cni|-f platforms/microk8s.yaml|$cni_ds.volumes[name=cni-net-dir].hostPath.path=/var/snap/microk8s/current/args/cni-network"
   # --- ztunnel
-  "ztunnel||!$crd; $zt_ctr.env[name=DISCOVERY_SOURCE].value=kubernetes; !$zt_ctr.env[name=LOCAL_XDS_PATH]; !ConfigMap/ztunnel-local-config; ClusterRole/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=true; $zt_ctr.env[name=PROXY_MODE].value=shared; $zt_ctr.env[name=XDS_ADDRESS].value=; $zt_ctr.env[name=INPOD_UDS].value=/var/run/ztunnel/ztunnel.sock; $zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=25s; $zt_ds.volumes[name=cacerts].secret.secretName=cacerts; $zt_ctr.volumeMounts[name=cacerts].readOnly=true; $zt_ctr.readinessProbe.httpGet.path=/healthz/ready; $zt_ctr.ports[name=ztunnel-stats].containerPort=15020; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxSurge=1; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxUnavailable=0; $zt_ds.terminationGracePeriodSeconds=30; DaemonSet/ztunnel:spec.template.metadata.labels.app=ztunnel"
+  "ztunnel||!$crd; $zt_ctr.env[name=DISCOVERY_SOURCE].value=kubernetes; !$zt_ctr.env[name=LOCAL_XDS_PATH]; !ConfigMap/ztunnel-local-config; ClusterRole/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=true; $zt_ctr.env[name=PROXY_MODE].value=shared; $zt_ctr.env[name=XDS_ADDRESS].value=; $zt_ctr.env[name=INPOD_UDS].value=/var/run/ztunnel/ztunnel.sock; $zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=25s; !$zt_ds.volumes[name=cacerts]; !$zt_mounts[name=cacerts]; !$zt_ctr.env[name=CA_CERTS_DIR]; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.expirationSeconds=43200; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.path=istio-token; $zt_mounts[name=istio-token].mountPath=/var/run/secrets/tokens; $zt_ds.volumes[name=istiod-ca-cert].configMap.name=istio-ca-root-cert; $zt_mounts[name=istiod-ca-cert].mountPath=/var/run/secrets/istio; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012; $zt_ctr.env[name=SECRET_TTL].value=24h; !$zt_ctr.env[name=WORKLOAD_CERT_TTL]; $zt_ctr.env[name=CLUSTER_ID].value=Kubernetes; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=Kubernetes; $zt_ds.serviceAccountName=ztunnel; $zt_ctr.readinessProbe.httpGet.path=/healthz/ready; $zt_ctr.ports[name=ztunnel-stats].containerPort=15020; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxSurge=1; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxUnavailable=0; $zt_ds.terminationGracePeriodSeconds=30; DaemonSet/ztunnel:spec.template.metadata.labels.app=ztunnel"
   "ztunnel|--set discovery.source=kubernetes|$zt_ctr.env[name=DISCOVERY_SOURCE].value=kubernetes; ClusterRoleBinding/ztunnel"
-  "ztunnel|--set discovery.source=local|$zt_ctr.env[name=DISCOVERY_SOURCE].value=local; $zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; ConfigMap/ztunnel-local-config:data.config\\.yaml; !ClusterRole/ztunnel; !ClusterRoleBinding/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=false"
+  "ztunnel|--set discovery.source=local|$zt_ctr.env[name=DISCOVERY_SOURCE].value=local; $zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; ConfigMap/ztunnel-local-config:data.config\\.yaml; !ClusterRole/ztunnel; !ClusterRoleBinding/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=false; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012"
   "ztunnel|--set discovery.source=both|$zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; ClusterRole/ztunnel; ConfigMap/ztunnel-local-config"
   "ztunnel|--set crds.enabled=true|$crd:metadata.annotations.helm\\.sh/resource-policy=keep; $crd:spec.versions[name=v1beta1].storage=true; $crd:spec.versions[name=v1].storage=false; $crd:spec.versions[name=v1].served=true"
   "ztunnel|--set crds.enabled=true --set discovery.source=local|$crd; !ClusterRole/ztunnel"
   "ztunnel|--set crds.enabled=false|!$crd"
-  "ztunnel|--set trustDomain=example.org --set clusterId=east --set caSecretName=mesh-ca --set workloadCertTTL=12h|$zt_ctr.env[name=TRUST_DOMAIN].value=example.org; $zt_ctr.env[name=CLUSTER_ID].value=east; $zt_ds.volumes[name=cacerts].secret.secretName=mesh-ca; $zt_ctr.env[name=WORKLOAD_CERT_TTL].value=12h"
+  "ztunnel|--set trustDomain=example.org --set clusterId=east --set workloadCertTTL=12h|$zt_ctr.env[name=TRUST_DOMAIN].value=example.org; $zt_ctr.env[name=CLUSTER_ID].value=east; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=east; $zt_ctr.env[name=SECRET_TTL].value=12h"
+  "ztunnel|--set istioNamespace=mesh-control|$zt_ctr.env[name=CA_ADDRESS].value=istiod.mesh-control.svc:15012"
+  "ztunnel|--set caAddress=https://ca.example.org:15012 --set istioNamespace=mesh-control|$zt_ctr.env[name=CA_ADDRESS].value=https://ca.example.org:15012"
   "ztunnel|--set terminationGracePeriodSeconds=3 --set workerThreads=4 --set logLevel=info\\,ztunnel::proxy=debug|$zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=1s; $zt_ctr.env[name=ZTUNNEL_WORKER_THREADS].value=4; $zt_ctr.env[name=RUST_LOG].value=info,ztunnel::proxy=debug"
   "ztunnel|--set discovery.source=local --set-file discovery.localConfig=testdata/local-config.yaml|ConfigMap/ztunnel-local-config:data.config\\.yaml~=- !Exact cluster.local/ns/shop/sa/client"
   "ztunnel|--set env.PACKET_MARK=1337 --set image.pullPolicy=Always|$zt_ctr.env[name=PACKET_MARK].value=1337; $zt_ctr.imagePullPolicy=Always"
+  # --- istiod-lite
+  "istiod-lite||Deployment/istiod:spec.replicas=1; Deployment/istiod:metadata.labels.app=istiod; Deployment/istiod:metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.labels.app=istiod; Deployment/istiod:spec.template.metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/scrape=true; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/port=15014; $cp_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0; $cp_ctr.command.0=istiod-lite; $cp_ctr.ports[name=tls-xds].containerPort=15012; $cp_ctr.ports[name=http-monitoring].containerPort=15014; $cp_ctr.ports[name=http-debug].containerPort=8080; $cp_ctr.readinessProbe.httpGet.path=/ready; $cp_ctr.readinessProbe.httpGet.port=8080; $cp_env[name=POD_NAME].valueFrom.fieldRef.fieldPath=metadata.name; $cp_env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $cp_env[name=TRUST_DOMAIN].value=cluster.local; $cp_env[name=CLUSTER_ID].value=Kubernetes; $cp_env[name=DOMAIN_SUFFIX].value=cluster.local; $cp_env[name=TOKEN_AUDIENCES].value=istio-ca; $cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=istio-system/ztunnel; $cp_env[name=MAX_WORKLOAD_CERT_TTL].value=2160h; $cp_env[name=DEFAULT_WORKLOAD_CERT_TTL].value=24h; $cp_env[name=CA_CERTS_DIR].value=/etc/cacerts; !$cp_env[name=ISTIOD_CUSTOM_HOST]; $cp_env[name=RUST_LOG].value=info; $cp_pod.volumes[name=cacerts].secret.secretName=cacerts; $cp_pod.volumes[name=cacerts].secret.defaultMode=288; $cp_ctr.volumeMounts[name=cacerts].mountPath=/etc/cacerts; $cp_ctr.volumeMounts[name=cacerts].readOnly=true; $cp_ctr.securityContext.runAsNonRoot=true; $cp_ctr.securityContext.readOnlyRootFilesystem=true; $cp_ctr.securityContext.capabilities.drop.0=ALL; !$cp_ctr.securityContext.capabilities.add; $cp_pod.serviceAccountName=istiod; !$cp_pod.priorityClassName; Service/istiod:spec.ports[name=https-dns].port=15012; Service/istiod:spec.ports[name=http-monitoring].port=15014; Service/istiod:spec.selector.app=istiod; ServiceAccount/istiod:automountServiceAccountToken=true; ClusterRole/istiod:rules.0.apiGroups.0=authentication.k8s.io; ClusterRole/istiod:rules.0.resources.0=tokenreviews; ClusterRole/istiod:rules.0.verbs.0=create; !ClusterRole/istiod:rules.0.verbs.1; ClusterRole/istiod:rules.3.resources.0=configmaps; !ClusterRole/istiod:rules.5; !ClusterRole/istiod:rules.3.verbs.6; ClusterRoleBinding/istiod:subjects[name=istiod].namespace=istio-system; !ConfigMap/istio-ca-root-cert"
+  "istiod-lite|--set replicaCount=2|Deployment/istiod:spec.replicas=2"
+  "istiod-lite|--set trustDomain=example.org --set clusterId=east --set domainSuffix=corp.example|$cp_env[name=TRUST_DOMAIN].value=example.org; $cp_env[name=CLUSTER_ID].value=east; $cp_env[name=DOMAIN_SUFFIX].value=corp.example"
+  "istiod-lite|--set tokenAudiences={istio-ca,mesh.example.org}|$cp_env[name=TOKEN_AUDIENCES].value=istio-ca,mesh.example.org"
+  "istiod-lite|--set trustedZtunnelNamespace=kube-system|$cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=kube-system/ztunnel"
+  "istiod-lite|--set trustedZtunnelNamespace=kube-system --set trustedZtunnelName=node-proxy|$cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=kube-system/node-proxy"
+  "istiod-lite|--set maxWorkloadCertTTL=720h --set defaultWorkloadCertTTL=12h|$cp_env[name=MAX_WORKLOAD_CERT_TTL].value=720h; $cp_env[name=DEFAULT_WORKLOAD_CERT_TTL].value=12h"
+  "istiod-lite|--set caSecretName=mesh-ca|$cp_pod.volumes[name=cacerts].secret.secretName=mesh-ca; $cp_env[name=CA_CERTS_DIR].value=/etc/cacerts"
+  "istiod-lite|--set customHosts={istiod.east.example.org,istiod.mesh,10.0.0.12,fd00::12}|$cp_env[name=ISTIOD_CUSTOM_HOST].value=istiod.east.example.org,istiod.mesh,10.0.0.12,fd00::12"
+  "istiod-lite|--set logLevel=info\\,istiod_lite::ca=debug --set env.FOO=bar|$cp_env[name=RUST_LOG].value=info,istiod_lite::ca=debug; $cp_env[name=FOO].value=bar"
+  "istiod-lite|--set image.hub=registry.example.com/mesh --set image.tag=dev-1 --set image.pullPolicy=Always --set imagePullSecrets={regcred}|$cp_ctr.image=registry.example.com/mesh/ambient-rs:dev-1; $cp_ctr.imagePullPolicy=Always; ServiceAccount/istiod:imagePullSecrets[name=regcred]"
+  "istiod-lite|--set priorityClassName=system-cluster-critical --set nodeSelector.pool=control --set podAnnotations.team=mesh --set podLabels.tier=control|$cp_pod.priorityClassName=system-cluster-critical; $cp_pod.nodeSelector.pool=control; $cp_pod.nodeSelector.kubernetes\\.io/os=linux; Deployment/istiod:spec.template.metadata.annotations.team=mesh; Deployment/istiod:spec.template.metadata.labels.tier=control"
+  "istiod-lite|--set strategy.rollingUpdate.maxSurge=1 --set strategy.rollingUpdate.maxUnavailable=0|Deployment/istiod:spec.strategy.rollingUpdate.maxSurge=1; Deployment/istiod:spec.strategy.rollingUpdate.maxUnavailable=0"
+  "istiod-lite|--set strategy.type=Recreate|Deployment/istiod:spec.strategy.type=Recreate; !Deployment/istiod:spec.strategy.rollingUpdate"
+  "istiod-lite|--set seccompProfile=null|!$cp_ctr.securityContext.seccompProfile"
 )
 i=0
 for entry in "${combos[@]}"; do
@@ -223,7 +249,69 @@ else
   fail "broken AuthorizationPolicy samples are rejected by the CRD"
 fi
 
-# ---------------------------------------------------------------- 5. bad values
+# ---------------------------------------------------------------- 5. the charts fit together
+# ztunnel must reach istiod-lite's Service, carry a token istiod-lite accepts, run as
+# the account istiod-lite trusts for node impersonation, and agree on cluster and trust
+# domain; only istiod-lite may mount the CA Secret.
+render ztunnel >"$work/pair-ztunnel.yaml"
+render istiod-lite >"$work/pair-istiod.yaml"
+if "$PYTHON" - "$work/pair-ztunnel.yaml" "$work/pair-istiod.yaml" >"$work/pair.log" <<'PY'; then
+import sys
+import yaml
+
+
+def load(path):
+    return {f"{d['kind']}/{d['metadata']['name']}": d
+            for d in yaml.safe_load_all(open(path)) if d}
+
+
+zt, cp = load(sys.argv[1]), load(sys.argv[2])
+ds = zt["DaemonSet/ztunnel"]
+pod = ds["spec"]["template"]["spec"]
+proxy = next(c for c in pod["containers"] if c["name"] == "istio-proxy")
+zenv = {e["name"]: e.get("value") for e in proxy["env"]}
+dep = cp["Deployment/istiod"]
+disc = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "discovery")
+cenv = {e["name"]: e.get("value") for e in disc["env"]}
+svc = cp["Service/istiod"]
+problems = []
+host, _, port = zenv["CA_ADDRESS"].removeprefix("https://").rpartition(":")
+want_host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+if host != want_host:
+    problems.append(f"CA_ADDRESS host {host} is not the Service {want_host}")
+if int(port) not in [p["port"] for p in svc["spec"]["ports"]]:
+    problems.append(f"CA_ADDRESS port {port} is not a port of Service/istiod")
+tokens = [s["serviceAccountToken"] for v in pod["volumes"]
+          for s in (v.get("projected") or {}).get("sources", []) if "serviceAccountToken" in s]
+audiences = cenv["TOKEN_AUDIENCES"].split(",")
+if not tokens or any(t.get("audience") not in audiences for t in tokens):
+    problems.append(f"ztunnel's projected token audience is not in TOKEN_AUDIENCES {audiences}")
+account = f"{ds['metadata']['namespace']}/{pod['serviceAccountName']}"
+if account not in cenv["CA_TRUSTED_NODE_ACCOUNTS"].split(","):
+    problems.append(f"ztunnel's account {account} is not in CA_TRUSTED_NODE_ACCOUNTS")
+if f"ServiceAccount/{pod['serviceAccountName']}" not in zt:
+    problems.append("ztunnel's ServiceAccount is not rendered (its token is bound to it)")
+for name in ("TRUST_DOMAIN", "CLUSTER_ID"):
+    if zenv.get(name) != cenv.get(name):
+        problems.append(f"{name}: ztunnel {zenv.get(name)!r}, istiod-lite {cenv.get(name)!r}")
+if zenv.get("ISTIO_META_CLUSTER_ID") != cenv.get("CLUSTER_ID"):
+    problems.append("ztunnel's ISTIO_META_CLUSTER_ID differs from istiod-lite's CLUSTER_ID")
+for path, objs in ((sys.argv[1], zt), (sys.argv[2], cp)):
+    for ref, obj in objs.items():
+        spec = (obj.get("spec") or {}).get("template", {}).get("spec", {})
+        if any("secret" in v for v in spec.get("volumes", [])) and ref != "Deployment/istiod":
+            problems.append(f"{ref} mounts a Secret; only Deployment/istiod may (the CA key)")
+for p in problems:
+    print(f"  {p}")
+sys.exit(1 if problems else 0)
+PY
+  pass "ztunnel and istiod-lite defaults fit together"
+else
+  cat "$work/pair.log"
+  fail "ztunnel and istiod-lite defaults fit together"
+fi
+
+# ---------------------------------------------------------------- 6. bad values
 # chart | value arguments | text the error must contain
 bad=(
   "cni|--set chained=maybe|/chained"
@@ -246,9 +334,32 @@ bad=(
   "ztunnel|--set workloadCertTTL=1d|/workloadCertTTL"
   "ztunnel|--set trustDomain=spiffe://cluster.local|/trustDomain"
   "ztunnel|--set workerThreads=0|/workerThreads"
-  "ztunnel|--set caSecretName=CA_Certs|/caSecretName"
+  "ztunnel|--set caSecretName=cacerts|'caSecretName' not allowed"
+  "ztunnel|--set caAddress=istiod/istio-system|/caAddress"
+  "ztunnel|--set istioNamespace=Istio_System|/istioNamespace"
   "ztunnel|--set terminationGracePeriodSeconds=0|/terminationGracePeriodSeconds"
   "ztunnel|--set env.1BAD=x|'1BAD'"
+  "istiod-lite|--set replicaCount=0|/replicaCount"
+  "istiod-lite|--set replicaCount=two|/replicaCount"
+  "istiod-lite|--set caSecretName=CA_Certs|/caSecretName"
+  "istiod-lite|--set trustDomain=spiffe://cluster.local|/trustDomain"
+  "istiod-lite|--set clusterId=|/clusterId"
+  "istiod-lite|--set domainSuffix=Cluster_Local|/domainSuffix"
+  "istiod-lite|--set tokenAudiences=istio-ca|/tokenAudiences"
+  "istiod-lite|--set tokenAudiences={istio-ca\\,extra}|/tokenAudiences/0"
+  "istiod-lite|--set trustedZtunnelNamespace=Kube_System|/trustedZtunnelNamespace"
+  "istiod-lite|--set trustedZtunnelName=|/trustedZtunnelName"
+  "istiod-lite|--set maxWorkloadCertTTL=90d|/maxWorkloadCertTTL"
+  "istiod-lite|--set defaultWorkloadCertTTL=1day|/defaultWorkloadCertTTL"
+  "istiod-lite|--set customHosts=istiod.example.org|/customHosts"
+  "istiod-lite|--set customHosts={https://istiod.example.org}|/customHosts/0"
+  "istiod-lite|--set customHosts={*.example.org}|/customHosts/0"
+  "istiod-lite|--set strategy.type=Replace|/strategy/type"
+  "istiod-lite|--set priorityClassName=System_Critical|/priorityClassName"
+  "istiod-lite|--set image.pullPolicy=Sometimes|/image/pullPolicy"
+  "istiod-lite|--set logLevel=|/logLevel"
+  "istiod-lite|--set trustedNodeAccounts=istio-system/ztunnel|'trustedNodeAccounts' not allowed"
+  "istiod-lite|--set env.1BAD=x|'1BAD'"
 )
 for entry in "${bad[@]}"; do
   IFS='|' read -r chart args want <<<"$entry"

@@ -3,7 +3,8 @@
 
 Every object is checked strictly against the Kubernetes OpenAPI schemas of
 KUBERNETES_VERSION (PyPI package kubernetes-validate), plus this project's invariants:
-namespaces, labels, hardened containers, structural CRD schemas. Objects of our own CRD
+namespaces, labels, hardened containers (DaemonSets: no Secret volumes; Deployments:
+non-root, no capabilities), structural CRD schemas. Objects of our own CRD
 kinds (AuthorizationPolicy) have no upstream schema and are checked against the CRD in
 the render when one is there.
 
@@ -186,18 +187,9 @@ def check_metadata(obj, namespace):
     return problems
 
 
-def check_pod_template(obj):
-    """Hardening every DaemonSet must keep, whatever the values."""
+def check_containers(obj, spec):
+    """Container hardening every pod template must keep, DaemonSet or Deployment."""
     problems = []
-    template = obj["spec"]["template"]
-    labels = template["metadata"].get("labels") or {}
-    if labels.get("sidecar.istio.io/inject") != "false":
-        problems.append(f"{ref(obj)}: pod label sidecar.istio.io/inject=\"false\" missing")
-    if labels.get("istio.io/dataplane-mode") != "none":
-        problems.append(f"{ref(obj)}: pod label istio.io/dataplane-mode=none missing")
-    spec = template["spec"]
-    if spec.get("priorityClassName") != "system-node-critical":
-        problems.append(f"{ref(obj)}: priorityClassName is not system-node-critical")
     for c in spec.get("containers", []) + spec.get("initContainers", []):
         name = f"{ref(obj)} container {c.get('name')}"
         sc = c.get("securityContext") or {}
@@ -228,6 +220,75 @@ def check_pod_template(obj):
             for m in c.get("volumeMounts", [])}
     for unused in sorted(set(volumes) - used):
         problems.append(f"{ref(obj)}: volume {unused} is never mounted")
+    return problems
+
+
+def secret_volumes(spec):
+    """Names of the Secrets a pod spec mounts (plain or projected)."""
+    names = []
+    for v in spec.get("volumes", []):
+        if "secret" in v:
+            names.append(v["secret"].get("secretName"))
+        for source in (v.get("projected") or {}).get("sources", []):
+            if "secret" in source:
+                names.append(source["secret"].get("name"))
+    return names
+
+
+def check_pod_template(obj):
+    """Hardening every DaemonSet must keep, whatever the values."""
+    problems = []
+    template = obj["spec"]["template"]
+    labels = template["metadata"].get("labels") or {}
+    if labels.get("sidecar.istio.io/inject") != "false":
+        problems.append(f"{ref(obj)}: pod label sidecar.istio.io/inject=\"false\" missing")
+    if labels.get("istio.io/dataplane-mode") != "none":
+        problems.append(f"{ref(obj)}: pod label istio.io/dataplane-mode=none missing")
+    spec = template["spec"]
+    if spec.get("priorityClassName") != "system-node-critical":
+        problems.append(f"{ref(obj)}: priorityClassName is not system-node-critical")
+    # Trust model: no node holds a Secret (the CA key lives only in istiod-lite's
+    # Deployment); node proxies authenticate with projected tokens.
+    for name in secret_volumes(spec):
+        problems.append(f"{ref(obj)}: mounts Secret {name} (node-level pods hold no Secrets)")
+    problems += check_containers(obj, spec)
+    return problems
+
+
+def check_deployment(obj):
+    """Hardening every Deployment (the control plane) must keep: nothing of the node,
+    no root, no capabilities, no privilege escalation."""
+    problems = []
+    template = obj["spec"]["template"]
+    labels = template["metadata"].get("labels") or {}
+    if labels.get("sidecar.istio.io/inject") != "false":
+        problems.append(f"{ref(obj)}: pod label sidecar.istio.io/inject=\"false\" missing")
+    if labels.get("istio.io/dataplane-mode") != "none":
+        problems.append(f"{ref(obj)}: pod label istio.io/dataplane-mode=none missing")
+    selector = obj["spec"]["selector"].get("matchLabels") or {}
+    for key, value in selector.items():
+        if labels.get(key) != value:
+            problems.append(f"{ref(obj)}: pod labels do not match selector {key}={value}")
+    spec = template["spec"]
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(field):
+            problems.append(f"{ref(obj)}: {field} must not be set")
+    for v in spec.get("volumes", []):
+        if "hostPath" in v:
+            problems.append(f"{ref(obj)}: hostPath volume {v['name']}")
+    pod_sc = spec.get("securityContext") or {}
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        name = f"{ref(obj)} container {c.get('name')}"
+        sc = c.get("securityContext") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation must be false")
+        if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is not True:
+            problems.append(f"{name}: runAsNonRoot must be true")
+        if sc.get("runAsUser", pod_sc.get("runAsUser")) in (None, 0):
+            problems.append(f"{name}: runAsUser must be a non-zero uid")
+        if (sc.get("capabilities") or {}).get("add"):
+            problems.append(f"{name}: adds capabilities {sc['capabilities']['add']}")
+    problems += check_containers(obj, spec)
     return problems
 
 
@@ -413,6 +474,8 @@ def main():
         problems += check_metadata(obj, args.namespace)
         if obj.get("kind") == "DaemonSet":
             problems += check_pod_template(obj)
+        if obj.get("kind") == "Deployment":
+            problems += check_deployment(obj)
         if obj.get("kind") == "CustomResourceDefinition":
             problems += check_crd(obj)
     for spec in args.expect:

@@ -2,7 +2,6 @@
 //! report (readiness, Prometheus metrics, admin dumps).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -11,18 +10,11 @@ use crate::netns::Netns;
 use crate::process::{wait_for, ChildGuard};
 use crate::workspace_binary;
 
-/// Writes a fresh mesh root in Istio's plug-in CA layout (`ztunnel ca init`).
+/// Writes a fresh mesh root in Istio's plug-in CA layout.
 pub fn ca_init(dir: &Path) -> Result<()> {
-    let out = Command::new(binary("ztunnel")?)
-        .args(["ca", "init", "--out"])
-        .arg(dir)
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "ztunnel ca init failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    // RSA-2048, as Istio's self-signed root (and `istioctl-lite ca init`).
+    let ca = mesh_ca::CertificateAuthority::generate_root("cluster.local", mesh_ca::RootKey::Rsa2048)?;
+    ca.write(dir)?;
     Ok(())
 }
 

@@ -559,3 +559,68 @@ fn twenty_ambient_pods_per_node_are_enrolled() {
     send_ok(&c, "m", "p1-7", &format!("{server}:9000"), 1_500);
     assert_mtls(&c, 2, ("m", "many"), ("m", "server"), 1_500.0);
 }
+
+// ---------------------------------------------------------------- the mesh CA
+
+fn ztunnel_counter(c: &LocalCluster, node: u8, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_sum(&c.node(node).ztunnel_metrics().unwrap_or_default(), name, labels)
+}
+
+#[test]
+fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = mesh_cluster("ca");
+
+    // No node holds the CA key: it is only in the control plane's cacerts.
+    assert_eq!(c.node_files_with_ca_key().unwrap(), Vec::<std::path::PathBuf>::new());
+
+    // Short-lived leaves: renewed at half-life (8 s), valid 16 s.
+    for node in [1u8, 2] {
+        let n = c.node_mut(node);
+        n.ztunnel_env = vec![("SECRET_TTL".into(), "16s".into())];
+        n.stop_ztunnel();
+        n.start_ztunnel().unwrap();
+    }
+    c.wait_ztunnels_ready(T).unwrap();
+    let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    let target = format!("{server}:9000");
+    send_ok(&c, "m", "client", &target, 10_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 10_000.0);
+    let issued = metric_sum(
+        &c.control_plane.istiod_metrics().unwrap(),
+        "citadel_server_success_cert_issuance_count_total",
+        &[],
+    );
+    assert!(issued >= 2.0, "istiod-lite issued {issued} certificates");
+
+    let fetched = |c: &LocalCluster| ztunnel_counter(c, 1, "ztunnel_certificates_fetched_total", &[]);
+    let before = fetched(&c);
+    wait_for("a renewal before expiry", T, || (fetched(&c) > before).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
+
+    // istiod-lite goes away: renewal fails, traffic goes on with the cached leaves.
+    c.control_plane.stop_istiod();
+    wait_for("a failed renewal", T, || {
+        let failed = ztunnel_counter(
+            &c,
+            1,
+            "ztunnel_certificate_fetch_failures_total",
+            &[("reason", "unavailable")],
+        );
+        (failed >= 1.0).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
+    send_ok(&c, "m", "client", &target, 20_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 30_000.0);
+
+    // Back: renewal resumes.
+    let before = fetched(&c);
+    c.control_plane.start_istiod().unwrap();
+    wait_for("renewal to resume", T, || (fetched(&c) > before).then_some(()))
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
+    send_ok(&c, "m", "client", &target, 5_000);
+}

@@ -3,6 +3,9 @@
 
 pub mod cni;
 pub mod constants;
+pub mod duration;
+#[cfg(feature = "grpc")]
+pub mod istio;
 pub mod zds;
 #[cfg(feature = "zds-transport")]
 pub mod zds_transport;

@@ -133,7 +133,7 @@ fn certificate_json(cert: &WorkloadCertificate) -> Value {
 }
 
 fn pem(der: &[u8]) -> String {
-    crate::identity::ca::pem_encode("CERTIFICATE", der)
+    mesh_ca::pem_encode("CERTIFICATE", der)
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -149,11 +149,12 @@ mod tests {
     use bytes::Bytes;
     use std::time::Duration;
 
-    fn admin() -> Admin {
+    async fn admin() -> Admin {
         let ca = CertificateAuthority::generate_self_signed("cluster.local").unwrap();
-        let certs = SecretManager::new(Arc::new(ca), Duration::from_secs(3600));
+        let certs = SecretManager::from_ca(ca, Duration::from_secs(3600));
         certs
             .fetch(&Identity::new("cluster.local", "ns", "sa"))
+            .await
             .unwrap();
         Admin {
             state: StateStore::new(),
@@ -176,7 +177,7 @@ mod tests {
 
     #[tokio::test]
     async fn config_dump_has_istio_keys_and_certificates() {
-        let admin = admin();
+        let admin = admin().await;
         let dump = admin.config_dump();
         for key in [
             "workloads",
@@ -207,7 +208,7 @@ mod tests {
 
     #[tokio::test]
     async fn quitquitquit_requests_shutdown() {
-        let admin = admin();
+        let admin = admin().await;
         assert_eq!(
             admin
                 .handle(request(Method::GET, "/quitquitquit", None))
@@ -232,7 +233,7 @@ mod tests {
             tracing_subscriber::reload::Layer::new(tracing_subscriber::EnvFilter::new("info"));
         let _subscriber =
             tracing_subscriber::layer::SubscriberExt::with(tracing_subscriber::registry(), filter);
-        let mut admin = admin();
+        let mut admin = admin().await;
         admin.logging = Some(LogHandle::from_handle(handle));
         let ok = admin
             .handle(request(Method::POST, "/logging", Some("level=debug")))

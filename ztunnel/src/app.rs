@@ -2,18 +2,19 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::admin::Admin;
-use crate::config::{Config, DiscoverySource, ProxyMode};
+use crate::config::{Config, DiscoverySource, ProxyMode, DEFAULT_AUTH_TOKEN};
 use crate::discovery::kubernetes;
 use crate::discovery::local::watch_local_file;
 use crate::drain::Drain;
 use crate::http;
-use crate::identity::{CertificateAuthority, Identity, SecretManager};
+use crate::identity::caclient::{CaClient, CaClientConfig, TokenSource};
+use crate::identity::{CertificateAuthority, CertificateSource, Identity, SecretManager};
 use crate::inpod::netns::NetnsExecutor;
 use crate::inpod::run_zds_client;
 use crate::inpod::statemanager::{PodProxies, PodRegistry, SharedInputs};
@@ -26,22 +27,20 @@ use crate::state::StateStore;
 use crate::telemetry::LogHandle;
 
 /// Runs ztunnel until SIGTERM, SIGINT or `/quitquitquit`, then drains.
-pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
+pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
     if !config.xds_address.is_empty() {
         warn!(xds = %config.xds_address, "XDS_ADDRESS is set, but this ztunnel reads its configuration from LOCAL_XDS_PATH (and Kubernetes); ignoring it");
     }
-    if !config.ca_address.is_empty() {
-        warn!(ca = %config.ca_address, "CA_ADDRESS is set, but certificates are minted from CA_CERTS_DIR; ignoring it");
+    if let Some(cluster) = config.meta_cluster_id.take() {
+        config.cluster_id = cluster;
     }
-    let ca_dir = config
-        .ca_certs_dir
-        .as_deref()
-        .context("CA_CERTS_DIR (--ca-certs-dir) is required: a directory in Istio's plug-in CA layout, e.g. from `ztunnel ca init --out DIR`")?;
-    let ca = CertificateAuthority::load(ca_dir)
-        .with_context(|| format!("loading the mesh CA from {}", ca_dir.display()))?;
-    let certs = SecretManager::new(Arc::new(ca), config.workload_cert_ttl);
-    let state = StateStore::new();
     let metrics = Arc::new(Metrics::new());
+    let certs = SecretManager::new(
+        certificate_source(&config)?,
+        config.workload_cert_ttl,
+        metrics.certs.clone(),
+    );
+    let state = StateStore::new();
     let readiness = Readiness::new();
     let startup = readiness.register("startup");
     let shutdown = CancellationToken::new();
@@ -94,9 +93,11 @@ pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<(
                 namespace: info.namespace,
                 name: info.name,
             };
+            // Readiness waits for this, so a VM is not ready without its identity.
             certs
                 .fetch(&local.identity)
-                .context("minting the workload certificate")?;
+                .await
+                .context("getting the workload certificate")?;
             let local_sockets = LocalSocketFactory {
                 mark: config.packet_mark,
             };
@@ -186,6 +187,38 @@ async fn start_kubernetes_discovery(
     kubernetes::start(client, opts, state.clone(), Some(ready), shutdown.clone());
     info!("kubernetes discovery started: watching pods, services and authorizationpolicies");
     Ok(())
+}
+
+/// istiod (CA_ADDRESS) in a cluster; the CA files (CA_CERTS_DIR) on a VM without
+/// a control plane. Never both: a node that holds the CA key defeats istiod.
+fn certificate_source(config: &Config) -> anyhow::Result<CertificateSource> {
+    match (config.ca_address.as_str(), config.ca_certs_dir.as_deref()) {
+        ("", Some(dir)) => {
+            let ca = CertificateAuthority::load(dir)
+                .with_context(|| format!("loading the mesh CA from {}", dir.display()))?;
+            info!(dir = %dir.display(), "workload certificates are signed here, from CA_CERTS_DIR");
+            Ok(CertificateSource::Local(Arc::new(ca)))
+        }
+        ("", None) => bail!("no certificate authority: set CA_ADDRESS (istiod's certificate service) or, on a VM without a control plane, CA_CERTS_DIR (Istio's plug-in CA files, e.g. from `ztunnel ca init --out DIR`)"),
+        (_, Some(_)) => bail!("CA_ADDRESS and CA_CERTS_DIR are both set: with a control plane the CA key stays in istiod; unset CA_CERTS_DIR"),
+        (address, None) => {
+            let client = CaClient::new(CaClientConfig {
+                address: address.to_owned(),
+                root_ca: config.ca_root_ca.parse().map_err(anyhow::Error::msg)?,
+                token: TokenSource::from_setting(config.auth_token.as_deref(), DEFAULT_AUTH_TOKEN),
+                cluster_id: config.cluster_id.clone(),
+                alt_hostname: config.alt_ca_hostname.clone(),
+                impersonate: config.proxy_mode == ProxyMode::Shared,
+                extra_headers: std::env::vars()
+                    .filter_map(|(k, v)| Some((k.strip_prefix("CA_HEADER_")?.to_owned(), v)))
+                    .collect(),
+                packet_mark: config.packet_mark,
+            })
+            .context("configuring the CA client")?;
+            info!(%address, "workload certificates come from istiod");
+            Ok(CertificateSource::Remote(Arc::new(client)))
+        }
+    }
 }
 
 /// Admin (15000), metrics (15020) and readiness (15021).

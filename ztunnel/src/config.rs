@@ -10,6 +10,12 @@ use clap::{Args, ValueEnum};
 use shared_types::constants::{
     DEFAULT_PACKET_MARK, DEFAULT_TRUST_DOMAIN, DEFAULT_ZDS_SOCKET, SYSTEM_NAMESPACE,
 };
+use shared_types::duration::parse_duration;
+
+/// Where Istio's ztunnel chart mounts the ConfigMap istio-ca-root-cert (ztunnel runs in /).
+pub const DEFAULT_CA_ROOT_CA: &str = "./var/run/secrets/istio/root-cert.pem";
+/// Where Istio's ztunnel chart mounts the projected token (audience istio-ca).
+pub const DEFAULT_AUTH_TOKEN: &str = "./var/run/secrets/tokens/istio-token";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 pub enum ProxyMode {
@@ -80,11 +86,24 @@ pub struct Config {
     /// (and, in shared mode, from the Kubernetes API).
     #[arg(long, env = "XDS_ADDRESS", default_value = "")]
     pub xds_address: String,
-    /// Remote CA. Empty means the in-process CA loaded from CA_CERTS_DIR.
+    /// istiod's certificate service, e.g. `istiod.istio-system.svc:15012`. Set in a
+    /// cluster: no CA key on the node.
     #[arg(long, env = "CA_ADDRESS", default_value = "")]
     pub ca_address: String,
-    /// Directory in Istio's plug-in CA layout (ca-cert.pem, ca-key.pem,
-    /// root-cert.pem, cert-chain.pem) that signs workload certificates.
+    /// The root istiod's serving certificate chains to: a file, or inline PEM.
+    #[arg(long, env = "CA_ROOT_CA", default_value = DEFAULT_CA_ROOT_CA)]
+    pub ca_root_ca: String,
+    /// The service-account token sent to istiod: a file (re-read for every call)
+    /// or the token itself. Default: the projected token, if mounted.
+    #[arg(long, env = "AUTH_TOKEN")]
+    #[serde(skip)]
+    pub auth_token: Option<String>,
+    /// The name istiod's certificate is checked against, when CA_ADDRESS is not it.
+    #[arg(long, env = "ALT_CA_HOSTNAME")]
+    pub alt_ca_hostname: Option<String>,
+    /// Only without CA_ADDRESS (a VM with no control plane): a directory in
+    /// Istio's plug-in CA layout (ca-cert.pem, ca-key.pem, root-cert.pem,
+    /// cert-chain.pem) that signs workload certificates here.
     #[arg(long, env = "CA_CERTS_DIR")]
     pub ca_certs_dir: Option<PathBuf>,
     /// Istio ztunnel local config (YAML: workloads, services, policies). Reloaded on change.
@@ -112,12 +131,17 @@ pub struct Config {
     pub node_name: String,
     #[arg(long, env = "TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
+    /// The cluster sent to istiod (`clusterid`) and shown in metrics;
+    /// ISTIO_META_CLUSTER_ID wins over it, as in Istio.
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
+    #[arg(long, env = "ISTIO_META_CLUSTER_ID")]
+    #[serde(skip)]
+    pub meta_cluster_id: Option<String>,
     #[arg(long, env = "ZTUNNEL_WORKER_THREADS", default_value_t = 2)]
     pub worker_threads: usize,
-    /// Lifetime of minted workload certificates; renewed at half-life.
-    #[arg(long, env = "WORKLOAD_CERT_TTL", default_value = "24h", value_parser = parse_duration)]
+    /// Lifetime asked for workload certificates (Istio's SECRET_TTL); renewed at half-life.
+    #[arg(long, env = "SECRET_TTL", default_value = "24h", value_parser = parse_duration)]
     pub workload_cert_ttl: Duration,
     /// How long in-flight connections may take to finish on shutdown.
     #[arg(long, env = "TERMINATION_GRACE_PERIOD", default_value = "5s", value_parser = parse_duration)]
@@ -150,32 +174,6 @@ impl Config {
                 _ => DiscoverySource::Local,
             })
     }
-}
-
-/// Durations as Istio writes them: `500ms`, `30s`, `5m`, `24h`, or bare seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((s, "s"), |i| (&s[..i], &s[i..]));
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {s:?} (use ms, s, m or h)"
-            ))
-        }
-    };
-    if !seconds.is_finite() || seconds < 0.0 {
-        return Err(format!("invalid duration {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
 }
 
 #[cfg(test)]
@@ -218,14 +216,5 @@ mod tests {
         );
         assert!(Both.uses_kubernetes() && Both.uses_local());
         assert!(!Local.uses_kubernetes() && !Kubernetes.uses_local());
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86400));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
-        assert!(parse_duration("5y").is_err());
-        assert!(parse_duration("").is_err());
     }
 }

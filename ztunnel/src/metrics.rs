@@ -7,6 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::identity::manager::CertMetrics;
 use crate::identity::Identity;
 use crate::state::workload::Workload;
 
@@ -130,6 +131,7 @@ pub struct Metrics {
     pub hbone_pool_connections: Gauge,
     pub local_config_reloads: Counter,
     pub local_config_errors: Counter,
+    pub certs: CertMetrics,
 }
 
 impl Default for Metrics {
@@ -152,6 +154,7 @@ impl Metrics {
             hbone_pool_connections: Gauge::default(),
             local_config_reloads: Counter::default(),
             local_config_errors: Counter::default(),
+            certs: CertMetrics::default(),
             registry: Registry::default(),
         };
         // prometheus-client appends `_total` to counters on exposition.
@@ -192,6 +195,16 @@ impl Metrics {
             "ztunnel_errors",
             "Connections and requests ztunnel refused or failed, by reason",
             metrics.errors.clone(),
+        );
+        registry.register(
+            "ztunnel_certificates_fetched",
+            "Workload certificates fetched (first ones and renewals)",
+            metrics.certs.fetched.clone(),
+        );
+        registry.register(
+            "ztunnel_certificate_fetch_failures",
+            "Workload certificate requests that failed, by reason",
+            metrics.certs.failures.clone(),
         );
         registry.register(
             "ztunnel_policy_revoked_connections",

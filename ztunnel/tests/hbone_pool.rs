@@ -126,7 +126,7 @@ async fn round_trip(stream: &mut H2Stream, message: &'static [u8]) {
 fn mesh() -> (SecretManager, Arc<Metrics>) {
     let ca = CertificateAuthority::generate_self_signed("cluster.local").unwrap();
     (
-        SecretManager::new(Arc::new(ca), Duration::from_secs(3600)),
+        SecretManager::from_ca(ca, Duration::from_secs(3600)),
         Arc::new(Metrics::new()),
     )
 }

@@ -80,7 +80,7 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
             "singularName": r.singular,
             "namespaced": r.namespaced,
             "kind": r.kind,
-            "verbs": VERBS,
+            "verbs": if r.create_only { &["create"][..] } else { VERBS },
         });
         if !r.short_names.is_empty() {
             doc["shortNames"] = json!(r.short_names);
@@ -90,6 +90,18 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
             doc["categories"] = json!(["all"]);
         }
         list.push(doc);
+        if r.plural == "serviceaccounts" {
+            // TokenRequest, served by tokens.rs.
+            list.push(json!({
+                "name": "serviceaccounts/token",
+                "singularName": "",
+                "namespaced": true,
+                "group": "authentication.k8s.io",
+                "version": "v1",
+                "kind": "TokenRequest",
+                "verbs": ["create"],
+            }));
+        }
         if r.status {
             list.push(json!({
                 "name": format!("{}/status", r.plural),
@@ -136,6 +148,8 @@ mod tests {
             .iter()
             .any(|r| r["name"] == "pods/status"));
         assert!(resource_list("apps", "v2").is_none());
+        let auth = resource_list("authentication.k8s.io", "v1").unwrap();
+        assert_eq!(auth["resources"][0]["verbs"], json!(["create"]));
         let groups = group_list();
         let istio = groups["groups"]
             .as_array()

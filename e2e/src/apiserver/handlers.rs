@@ -20,6 +20,7 @@ use super::routes::{self, Body, Query, ResourceRoute, Route};
 use super::selectors::Filter;
 use super::store::Change;
 use super::table;
+use super::tokens;
 use super::watch;
 use super::Shared;
 
@@ -27,12 +28,14 @@ use super::Shared;
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
 /// Everything a verb needs from the request.
-struct Ctx<'a> {
-    shared: &'a Arc<Shared>,
-    route: ResourceRoute,
+pub(super) struct Ctx<'a> {
+    pub(super) shared: &'a Arc<Shared>,
+    pub(super) route: ResourceRoute,
     query: Query,
     accept: String,
     content_type: String,
+    /// The `Authorization` header (only SelfSubjectReview reads it: no authentication).
+    pub(super) authorization: String,
     body: Bytes,
 }
 
@@ -48,6 +51,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Bod
     };
     let accept = header_str(header::ACCEPT);
     let content_type = header_str(header::CONTENT_TYPE);
+    let authorization = header_str(header::AUTHORIZATION);
     let query = Query::parse(parts.uri.query());
     tracing::debug!(method = %parts.method, uri = %parts.uri, "request");
     let body = match Limited::new(body, MAX_BODY).collect().await {
@@ -68,6 +72,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Bod
         query,
         accept,
         content_type,
+        authorization,
         body,
     };
     let result = dispatch(&ctx, &parts.method).await;
@@ -97,6 +102,12 @@ fn serve_static(shared: &Shared, route: Route, method: &Method) -> Response<Body
         Route::OpenApiV3(segments) => {
             openapi::lookup(&segments.iter().map(String::as_str).collect::<Vec<_>>())
         }
+        Route::OpenIdConfiguration => Some(
+            shared
+                .tokens
+                .openid_configuration(&format!("http://{}", shared.addr)),
+        ),
+        Route::Jwks => Some(shared.tokens.jwks()),
         Route::NotFound | Route::Resource(_) => None,
     };
     match doc {
@@ -106,6 +117,9 @@ fn serve_static(shared: &Shared, route: Route, method: &Method) -> Response<Body
 }
 
 async fn dispatch(ctx: &Ctx<'_>, method: &Method) -> ApiResult<Response<Body>> {
+    if let Some(served) = tokens::dispatch(ctx, method) {
+        return served;
+    }
     let r = &ctx.route;
     if let Some(sub) = &r.subresource {
         if sub != "status" || !r.rs.status {
@@ -220,6 +234,13 @@ fn list(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
 
 /// The request body as an object: JSON, or YAML when the Content-Type says so.
 fn body_object(ctx: &Ctx<'_>) -> ApiResult<Value> {
+    let value = decode_body(ctx)?;
+    check_shape(ctx, &value)?;
+    Ok(value)
+}
+
+/// The request body decoded by its Content-Type (JSON, YAML or kubectl's protobuf).
+pub(super) fn decode_body(ctx: &Ctx<'_>) -> ApiResult<Value> {
     let ct = ctx.content_type.to_ascii_lowercase();
     let value: Value = if ct.contains("protobuf") {
         protobuf::decode(&ctx.body)
@@ -233,7 +254,6 @@ fn body_object(ctx: &Ctx<'_>) -> ApiResult<Value> {
     } else {
         return Err(ApiError::unsupported_media_type(&ctx.content_type));
     };
-    check_shape(ctx, &value)?;
     Ok(value)
 }
 

@@ -7,6 +7,9 @@
 //! subresource. Objects are stored unstructured (JSON), see [`resources`] for the types
 //! served. With a state file every change is persisted, so a restarted server keeps
 //! its objects and resourceVersions and clients simply resume their watches.
+//! Service account tokens (TokenRequest, TokenReview, SelfSubjectReview) are signed and
+//! checked as a real server does, see `tokens.rs`. The same port also answers TLS
+//! (self-signed, see `tls.rs`), because kubectl sends a `--token` only over https.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Not a product: no authentication, no admission, no graceful pod deletion or
+//! Not a product: no authentication (tokens are only issued and reviewed), no admission, no graceful pod deletion or
 //! finalizers (namespaces do pass through Terminating), no managedFields, no OpenAPI schemas, lists are never paginated.
 
 mod discovery;
@@ -36,6 +39,8 @@ mod routes;
 mod selectors;
 mod store;
 mod table;
+mod tls;
+mod tokens;
 mod watch;
 
 use std::net::SocketAddr;
@@ -52,6 +57,7 @@ use tokio::sync::watch as signal;
 
 pub use errors::ApiError;
 pub use selectors::{FieldSelector, LabelSelector};
+pub use tokens::DEFAULT_ISSUER;
 
 /// Tunables; the defaults suit tests and the demo.
 #[derive(Debug, Clone)]
@@ -66,6 +72,12 @@ pub struct Options {
     pub max_watch: Duration,
     /// How long a deleted namespace stays Terminating before it and its contents go.
     pub namespace_finalize_delay: Duration,
+    /// `iss` of service account tokens, and their audience when a request names none.
+    pub service_account_issuer: String,
+    /// PKCS#8 PEM ECDSA P-256 key signing service account tokens, created when missing.
+    /// Default: beside the state file (`<state>.sa.key`), so tokens survive a restart;
+    /// without a state file, a key in memory only.
+    pub service_account_key_file: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -76,6 +88,8 @@ impl Default for Options {
             bookmark_interval: Duration::from_secs(5),
             max_watch: Duration::from_secs(30 * 60),
             namespace_finalize_delay: Duration::from_millis(500),
+            service_account_issuer: DEFAULT_ISSUER.to_string(),
+            service_account_key_file: None,
         }
     }
 }
@@ -87,6 +101,8 @@ pub enum StartError {
     Listen(#[source] std::io::Error),
     #[error("cannot load the state file: {0}")]
     State(#[source] std::io::Error),
+    #[error("cannot load or create the service account signing key: {0}")]
+    Key(#[source] std::io::Error),
 }
 
 /// Counters a test can read to check what happened.
@@ -108,6 +124,9 @@ pub struct Stats {
 /// State shared by the accept loop, connections and watch tasks.
 struct Shared {
     store: store::Store,
+    tokens: tokens::Signer,
+    /// `None` when no certificate could be made: plain HTTP only.
+    tls: Option<tokio_rustls::TlsAcceptor>,
     options: Options,
     addr: SocketAddr,
     stats: Counters,
@@ -155,8 +174,20 @@ impl ApiServer {
         let addr = listener.local_addr().map_err(StartError::Listen)?;
         let store = store::Store::open(options.state_file.clone(), options.event_log_capacity)
             .map_err(StartError::State)?;
+        let key_file = options
+            .service_account_key_file
+            .clone()
+            .or_else(|| options.state_file.as_deref().map(tokens::key_file_beside));
+        let tokens =
+            tokens::Signer::open(options.service_account_issuer.clone(), key_file.as_deref())
+                .map_err(StartError::Key)?;
+        let tls = tls::acceptor(addr)
+            .map_err(|e| tracing::warn!("serving plain HTTP only: no TLS certificate: {e}"))
+            .ok();
         let shared = Arc::new(Shared {
             store,
+            tokens,
+            tls,
             options,
             addr,
             stats: Counters::default(),
@@ -216,12 +247,36 @@ impl ApiServer {
 async fn serve_connection(shared: Arc<Shared>, stream: tokio::net::TcpStream) {
     let _ = stream.set_nodelay(true);
     let mut shutdown = shared.shutdown.subscribe();
+    let tls = match &shared.tls {
+        Some(acceptor) => tokio::select! {
+            tls = tls::starts_with_handshake(&stream) => tls.then(|| acceptor.clone()),
+            _ = until_true(&mut shutdown) => return,
+        },
+        None => None,
+    };
+    let Some(acceptor) = tls else {
+        return serve_http(shared, TokioIo::new(stream), shutdown).await;
+    };
+    let accepted = tokio::select! {
+        accepted = acceptor.accept(stream) => accepted,
+        _ = until_true(&mut shutdown) => return,
+    };
+    match accepted {
+        Ok(stream) => serve_http(shared, TokioIo::new(stream), shutdown).await,
+        Err(e) => tracing::debug!("TLS handshake failed: {e}"),
+    }
+}
+
+async fn serve_http<I>(shared: Arc<Shared>, io: I, mut shutdown: signal::Receiver<bool>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let handler = shared.clone();
     let service = service_fn(move |req| {
         let shared = handler.clone();
         async move { Ok::<_, std::convert::Infallible>(handlers::handle(shared, req).await) }
     });
-    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    let conn = http1::Builder::new().serve_connection(io, service);
     tokio::pin!(conn);
     tokio::select! {
         result = conn.as_mut() => {
@@ -254,6 +309,12 @@ impl Control {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.shared.addr)
+    }
+
+    /// `https://<addr>`: the same server over TLS, with a self-signed certificate (for
+    /// clients that send credentials only over TLS, like kubectl's `--token`).
+    pub fn https_url(&self) -> String {
+        format!("https://{}", self.shared.addr)
     }
 
     /// Stops accepting, ends watches and closes connections.
@@ -290,6 +351,18 @@ impl Control {
     /// The latest resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.shared.store.resource_version()
+    }
+
+    /// The `iss` of the service account tokens this server signs.
+    pub fn service_account_issuer(&self) -> String {
+        self.shared.tokens.issuer().to_string()
+    }
+
+    /// Signs arbitrary JWT claims with the server's service account key, so a test can
+    /// present tokens the TokenRequest API would never issue (expired, not yet valid,
+    /// odd claims) to TokenReview.
+    pub fn sign_token(&self, claims: &serde_json::Value) -> Result<String, ApiError> {
+        self.shared.tokens.sign(claims)
     }
 
     pub fn stats(&self) -> Stats {

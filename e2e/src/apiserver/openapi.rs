@@ -19,7 +19,7 @@ fn gv_path(group: &str, version: &str) -> String {
 /// Every served group/version.
 fn group_versions() -> Vec<(&'static str, &'static str)> {
     let mut out = Vec::new();
-    for r in RESOURCES {
+    for r in RESOURCES.iter().filter(|r| !r.create_only) {
         for v in r.versions {
             if !out.contains(&(r.group, *v)) {
                 out.push((r.group, *v));
@@ -77,7 +77,7 @@ pub fn document(group: &str, version: &str) -> Option<Value> {
     let mut paths = Map::new();
     for rs in RESOURCES
         .iter()
-        .filter(|r| r.group == group && r.serves(version))
+        .filter(|r| r.group == group && r.serves(version) && !r.create_only)
     {
         let (path, item) = patch_path(rs, version);
         paths.insert(path, item);

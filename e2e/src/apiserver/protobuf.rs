@@ -1,8 +1,9 @@
 //! Decoding of the few protobuf bodies kubectl sends: its typed `create` commands
-//! (`kubectl create namespace|serviceaccount|configmap`) encode Kubernetes protobuf
-//! and do not fall back to JSON. Only the fields those commands set are read
-//! (metadata name/generateName/namespace/labels/annotations, ConfigMap data); other
-//! kinds are refused with 415, pointing at YAML (`create -f`, `apply`).
+//! (`kubectl create namespace|serviceaccount|configmap|token`, `kubectl auth whoami`)
+//! encode Kubernetes protobuf and do not fall back to JSON. Only the fields those
+//! commands set are read (metadata name/generateName/namespace/labels/annotations,
+//! ConfigMap data, TokenRequest and TokenReview specs); other kinds are refused with
+//! 415, pointing at YAML (`create -f`, `apply`).
 
 use serde_json::{json, Map, Value};
 
@@ -10,7 +11,8 @@ use serde_json::{json, Map, Value};
 const MAGIC: &[u8] = b"k8s\0";
 
 enum Wire<'a> {
-    Varint,
+    Varint(u64),
+    Fixed,
     Bytes(&'a [u8]),
 }
 
@@ -33,14 +35,11 @@ fn fields(mut buf: &[u8]) -> Result<Vec<(u64, Wire<'_>)>, String> {
     while !buf.is_empty() {
         let key = varint(&mut buf)?;
         let wire = match key & 7 {
-            0 => {
-                varint(&mut buf)?;
-                Wire::Varint
-            }
+            0 => Wire::Varint(varint(&mut buf)?),
             1 | 5 => {
                 let n = if key & 7 == 1 { 8 } else { 4 };
                 buf = buf.get(n..).ok_or("truncated fixed field")?;
-                Wire::Varint
+                Wire::Fixed
             }
             2 => {
                 let len = usize::try_from(varint(&mut buf)?).map_err(|_| "length overflow")?;
@@ -66,6 +65,72 @@ fn string_of(fields: &[(u64, Wire<'_>)], number: u64) -> Result<Option<String>, 
     bytes_of(fields, number)
         .map(|b| String::from_utf8(b.to_vec()).map_err(|_| "invalid UTF-8".to_string()))
         .transpose()
+}
+
+/// A `repeated string` field.
+fn strings_of(fields: &[(u64, Wire<'_>)], number: u64) -> Result<Vec<String>, String> {
+    fields
+        .iter()
+        .filter_map(|(n, w)| match w {
+            Wire::Bytes(b) if *n == number => Some(b),
+            _ => None,
+        })
+        .map(|b| String::from_utf8(b.to_vec()).map_err(|_| "invalid UTF-8".to_string()))
+        .collect()
+}
+
+fn varint_of(fields: &[(u64, Wire<'_>)], number: u64) -> Option<u64> {
+    fields.iter().rev().find_map(|(n, w)| match w {
+        Wire::Varint(v) if *n == number => Some(*v),
+        _ => None,
+    })
+}
+
+/// Sets `key` of `obj` to the strings of field `number`, when there are any.
+fn put_strings(
+    obj: &mut Map<String, Value>,
+    key: &str,
+    fields: &[(u64, Wire<'_>)],
+    number: u64,
+) -> Result<(), String> {
+    let values = strings_of(fields, number)?;
+    if !values.is_empty() {
+        obj.insert(key.into(), json!(values));
+    }
+    Ok(())
+}
+
+/// `TokenRequestSpec`: audiences = 1, boundObjectRef = 3, expirationSeconds = 4.
+fn token_request_spec(buf: &[u8]) -> Result<Value, String> {
+    let f = fields(buf)?;
+    let mut spec = Map::new();
+    put_strings(&mut spec, "audiences", &f, 1)?;
+    if let Some(seconds) = varint_of(&f, 4) {
+        // int64 on the wire: two's complement.
+        spec.insert("expirationSeconds".into(), json!(seconds as i64));
+    }
+    if let Some(bound) = bytes_of(&f, 3) {
+        let b = fields(bound)?;
+        let mut r = Map::new();
+        for (number, key) in [(1, "kind"), (2, "apiVersion"), (3, "name"), (4, "uid")] {
+            if let Some(v) = string_of(&b, number)? {
+                r.insert(key.into(), Value::String(v));
+            }
+        }
+        spec.insert("boundObjectRef".into(), Value::Object(r));
+    }
+    Ok(Value::Object(spec))
+}
+
+/// `TokenReviewSpec`: token = 1, audiences = 2.
+fn token_review_spec(buf: &[u8]) -> Result<Value, String> {
+    let f = fields(buf)?;
+    let mut spec = Map::new();
+    if let Some(token) = string_of(&f, 1)? {
+        spec.insert("token".into(), Value::String(token));
+    }
+    put_strings(&mut spec, "audiences", &f, 2)?;
+    Ok(Value::Object(spec))
 }
 
 /// A `map<string, string>` field (repeated entries of key=1, value=2).
@@ -112,7 +177,9 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
     let metadata = object_meta(bytes_of(&raw, 1).unwrap_or_default())?;
     let mut obj = json!({"apiVersion": api_version, "kind": kind, "metadata": metadata});
     match kind.as_str() {
-        "Namespace" | "ServiceAccount" => {}
+        "Namespace" | "ServiceAccount" | "SelfSubjectReview" => {}
+        "TokenRequest" => obj["spec"] = token_request_spec(bytes_of(&raw, 2).unwrap_or_default())?,
+        "TokenReview" => obj["spec"] = token_review_spec(bytes_of(&raw, 2).unwrap_or_default())?,
         "ConfigMap" => {
             let data = string_map(&raw, 2)?;
             if !data.is_empty() {
@@ -121,7 +188,7 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
         }
         other => {
             return Err(format!(
-                "protobuf bodies are decoded for Namespace, ServiceAccount and ConfigMap only, not {other:?}: send JSON or YAML (kubectl create -f / apply -f)"
+                "protobuf bodies are decoded for Namespace, ServiceAccount, ConfigMap, TokenRequest, TokenReview and SelfSubjectReview only, not {other:?}: send JSON or YAML (kubectl create -f / apply -f)"
             ))
         }
     }
@@ -165,6 +232,27 @@ mod tests {
         entry.extend(len_field(2, b"v"));
         let cm = decode(&message("ConfigMap", &len_field(2, &entry))).unwrap();
         assert_eq!(cm["data"], json!({"k": "v"}));
+    }
+
+    #[test]
+    fn decodes_kubectl_create_token() {
+        // Captured from `kubectl create token sa1 --audience istio-ca --duration 10m
+        // --bound-object-kind Pod --bound-object-name p1 --bound-object-uid u1`.
+        let body = b"k8s\x00\n(\n\x18authentication.k8s.io/v1\x12\x0cTokenRequest\x12:\n\x10\n\x00\x12\x00\x1a\x00\"\x00*\x002\x008\x00B\x00\x12 \n\x08istio-ca\x1a\x11\n\x03Pod\x12\x02v1\x1a\x02p1\"\x02u1 \xd8\x04\x1a\x04\n\x00\x12\x00\x1a\x00\"\x00";
+        let tr = decode(body).unwrap();
+        assert_eq!(tr["kind"], "TokenRequest");
+        assert_eq!(
+            tr["spec"],
+            json!({"audiences": ["istio-ca"], "expirationSeconds": 600,
+                   "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "p1", "uid": "u1"}})
+        );
+        let mut spec = len_field(1, b"tok");
+        spec.extend(len_field(2, b"istio-ca"));
+        let review = decode(&message("TokenReview", &len_field(2, &spec))).unwrap();
+        assert_eq!(
+            review["spec"],
+            json!({"token": "tok", "audiences": ["istio-ca"]})
+        );
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub struct Resource {
     /// Has a `/status` subresource: main-resource updates keep `.status`, status updates
     /// keep everything but `.status` and metadata labels/annotations.
     pub status: bool,
+    /// Not stored: POST on the collection is the only verb (TokenReview and friends,
+    /// served by `tokens.rs`).
+    pub create_only: bool,
 }
 
 impl Resource {
@@ -62,6 +65,20 @@ const fn res(
         namespaced,
         short_names,
         status,
+        create_only: false,
+    }
+}
+
+/// A cluster-scoped, create-only review resource.
+const fn review(
+    group: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+) -> Resource {
+    Resource {
+        create_only: true,
+        ..res(group, V1, plural, singular, kind, false, &[], false)
     }
 }
 
@@ -91,6 +108,8 @@ pub static RESOURCES: &[Resource] = &[
     res("apiextensions.k8s.io", V1, "customresourcedefinitions", "customresourcedefinition", "CustomResourceDefinition", false, &["crd"], true),
     res("security.istio.io", ISTIO, "authorizationpolicies", "authorizationpolicy", "AuthorizationPolicy", true, &["ap"], true),
     res("security.istio.io", ISTIO, "peerauthentications", "peerauthentication", "PeerAuthentication", true, &["pa"], true),
+    review("authentication.k8s.io", "tokenreviews", "tokenreview", "TokenReview"),
+    review("authentication.k8s.io", "selfsubjectreviews", "selfsubjectreview", "SelfSubjectReview"),
 ];
 
 /// The resource served at `/api[s]/<group>/<version>/<plural>`.
@@ -137,5 +156,6 @@ mod tests {
         );
         assert_eq!(namespaces().plural, "namespaces");
         assert!(groups().iter().any(|(g, _)| *g == "apps"));
+        assert!(find("authentication.k8s.io", "v1", "tokenreviews").is_some_and(|r| r.create_only));
     }
 }

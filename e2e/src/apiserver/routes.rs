@@ -29,6 +29,10 @@ pub enum Route {
     GroupVersion(String, String),
     /// `/openapi/v3/...` (the segments after `v3`); `/openapi/v2` is not served.
     OpenApiV3(Vec<String>),
+    /// `/.well-known/openid-configuration` (service account token issuer discovery)
+    OpenIdConfiguration,
+    /// `/openid/v1/jwks`: the token signing key
+    Jwks,
     Resource(ResourceRoute),
     NotFound,
 }
@@ -61,6 +65,8 @@ pub fn parse(path: &str) -> Route {
         ["openapi", "v3", rest @ ..] => {
             Route::OpenApiV3(rest.iter().map(|s| s.to_string()).collect())
         }
+        [".well-known", "openid-configuration"] => Route::OpenIdConfiguration,
+        ["openid", "v1", "jwks"] => Route::Jwks,
         _ => Route::NotFound,
     }
 }
@@ -215,6 +221,15 @@ mod tests {
         assert_eq!(parse("/api/v1/widgets"), Route::NotFound);
         assert_eq!(parse("/api/v1/namespaces/a/pods/b/c/d"), Route::NotFound);
         assert_eq!(parse("/openapi/v2"), Route::NotFound);
+        assert_eq!(parse("/openid/v1/jwks"), Route::Jwks);
+        assert_eq!(
+            res(parse("/api/v1/namespaces/a/serviceaccounts/b/token")).3,
+            Some("token".into())
+        );
+        assert_eq!(
+            res(parse("/apis/authentication.k8s.io/v1/tokenreviews")).0,
+            "tokenreviews"
+        );
         assert_eq!(
             parse("/openapi/v3/api/v1"),
             Route::OpenApiV3(vec!["api".into(), "v1".into()])

@@ -39,6 +39,10 @@ fn main() -> Result<()> {
         e2e::cluster::API_ADDR,
         cluster.control_plane.ns.name()
     );
+    println!(
+        "   mesh CA: istiod-lite on {} (Istio's certificate service), the only holder of the CA key",
+        e2e::cluster::apiserver_proc::ISTIOD_ADDR
+    );
     for node in &cluster.nodes {
         println!(
             "   {}: namespace {}, pods {} on bridge cni0 (made by the CNI bridge plugin), running cni-agent + ztunnel",
@@ -51,6 +55,13 @@ fn main() -> Result<()> {
         "   the node agents chained istio-cni into each node's {}",
         e2e::cluster::node::BRIDGE_CONFLIST
     );
+    let holders = cluster.node_files_with_ca_key()?;
+    if !holders.is_empty() {
+        bail!("the CA key is on a node: {holders:?}");
+    }
+    println!("   no file under any node's directories holds the CA key: each ztunnel has only a");
+    println!("   projected token (audience istio-ca, bound to its pod) and the root certificate,");
+    println!("   and asks istiod-lite for its pods' certificates (ImpersonatedIdentity).");
     if args.up {
         return keep_up(&cluster);
     }
@@ -132,6 +143,12 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
     println!("   source identity:      {src}");
     println!("   destination identity: {dst}");
     println!("   bytes received over mutual TLS so far: {bytes}");
+    let issued = metric_sum(
+        &c.control_plane.istiod_metrics().unwrap_or_default(),
+        "citadel_server_success_cert_issuance_count_total",
+        &[],
+    );
+    println!("   certificates istiod-lite issued to the ztunnels so far: {issued}");
     let source_labels = [
         ("reporter", "source"),
         ("source_principal", src),

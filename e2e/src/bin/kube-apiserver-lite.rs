@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use e2e::apiserver::{write_kubeconfig, ApiServer, Options};
+use e2e::apiserver::{write_kubeconfig, ApiServer, Options, DEFAULT_ISSUER};
 
 #[derive(Parser, Debug)]
 #[command(about = "A small Kubernetes API server (plain HTTP, no auth) for tests and demos")]
@@ -26,6 +26,13 @@ struct Args {
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 5)]
     bookmark_interval: u64,
+    /// `iss` of service account tokens, and their default audience.
+    #[arg(long, default_value = DEFAULT_ISSUER)]
+    service_account_issuer: String,
+    /// PKCS#8 PEM ECDSA P-256 key signing service account tokens (created when missing).
+    /// Default: beside the state file (`<state>.sa.key`), else a key in memory only.
+    #[arg(long, value_name = "PATH")]
+    service_account_signing_key_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -41,6 +48,8 @@ async fn main() -> anyhow::Result<()> {
         state_file: args.state_file,
         event_log_capacity: args.event_log_size,
         bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
+        service_account_issuer: args.service_account_issuer,
+        service_account_key_file: args.service_account_signing_key_file,
         ..Options::default()
     };
     let server = ApiServer::bind_with(args.listen.as_str(), options)

@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -76,6 +76,46 @@ impl Api {
             Err(e) if status_of(&e) == Some(404) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// A service account token from the TokenRequest API, as the kubelet gets one for a
+    /// projected volume: the JWT and when it expires. `bound_pod` is `(name, uid)`; the
+    /// token then dies with that pod. The server refuses `expiration_secs` below 600.
+    pub fn request_token(
+        &self,
+        ns: &str,
+        sa: &str,
+        audiences: &[&str],
+        expiration_secs: i64,
+        bound_pod: Option<(&str, &str)>,
+    ) -> Result<(String, SystemTime)> {
+        let mut spec = serde_json::json!({
+            "audiences": audiences,
+            "expirationSeconds": expiration_secs,
+        });
+        if let Some((name, uid)) = bound_pod {
+            spec["boundObjectRef"] =
+                serde_json::json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
+        }
+        let body = serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": spec,
+        });
+        let answer = self.post(
+            &format!("/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token"),
+            &body,
+        )?;
+        let token = answer["status"]["token"]
+            .as_str()
+            .context("TokenRequest answer without status.token")?;
+        let expiration = answer["status"]["expirationTimestamp"]
+            .as_str()
+            .context("TokenRequest answer without status.expirationTimestamp")?;
+        let expiration =
+            time::OffsetDateTime::parse(expiration, &time::format_description::well_known::Rfc3339)
+                .with_context(|| format!("expirationTimestamp {expiration:?}"))?;
+        Ok((token.to_string(), expiration.into()))
     }
 
     /// The `items` of a list.

@@ -1,5 +1,6 @@
-//! The control plane: a namespace holding `kube-apiserver-lite` and the cluster
-//! network bridge every node joins.
+//! The control plane: a namespace holding `kube-apiserver-lite`, `istiod-lite`
+//! (the mesh CA: the only place its key is) and the cluster network bridge every
+//! node joins.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,10 @@ use crate::process::{wait_for, ChildGuard};
 
 /// The API server's address inside the control-plane namespace.
 pub const API_ADDR: &str = "10.1.0.1:6443";
+/// istiod-lite's gRPC (CA) address, and the name its certificate is checked against.
+pub const ISTIOD_ADDR: &str = "10.1.0.1:15012";
+pub const ISTIOD_HOST: &str = "istiod.istio-system.svc";
+const ISTIOD_READY_URL: &str = "http://10.1.0.1:8080/ready";
 /// The cluster network (a bridge in the control-plane namespace).
 pub const CLUSTER_NET_PREFIX: &str = "10.1.0";
 /// Name of the cluster network bridge.
@@ -21,10 +26,13 @@ const BRIDGE: &str = "cnet";
 
 /// The control-plane namespace and the API server process in it.
 pub struct ControlPlane {
-    // Drop order: the process, then the namespace.
+    // Drop order: the processes, then the namespace.
+    pub istiod: Option<ChildGuard>,
     pub apiserver: Option<ChildGuard>,
     pub ns: Netns,
     pub kubeconfig: PathBuf,
+    /// The `cacerts` files: mounted into istiod-lite only.
+    pub ca_dir: PathBuf,
     state_file: PathBuf,
     tag: String,
 }
@@ -44,15 +52,61 @@ impl ControlPlane {
             BRIDGE,
         ])?;
         ns.exec(&["ip", "link", "set", BRIDGE, "up"])?;
+        let ca_dir = dir.join("control-plane").join("cacerts");
+        crate::mesh::ca_init(&ca_dir)?;
         let mut cp = ControlPlane {
+            istiod: None,
             apiserver: None,
             ns,
             kubeconfig: dir.join("kubeconfig"),
+            ca_dir,
             state_file: dir.join("apiserver-state.json"),
             tag: tag.to_owned(),
         };
         cp.start_apiserver()?;
+        cp.start_istiod()?;
         Ok(cp)
+    }
+
+    /// Starts (or restarts) istiod-lite and waits for its readiness.
+    pub fn start_istiod(&mut self) -> Result<()> {
+        self.stop_istiod();
+        let mut cmd = self
+            .ns
+            .command(binary("istiod-lite")?.to_str().context("path")?);
+        cmd.env("CA_CERTS_DIR", &self.ca_dir)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("POD_NAMESPACE", super::SYSTEM_NAMESPACE)
+            .env("GRPC_ADDR", ISTIOD_ADDR)
+            .env("MONITORING_ADDR", format!("{CLUSTER_NET_PREFIX}.1:15014"))
+            .env("READY_ADDR", format!("{CLUSTER_NET_PREFIX}.1:8080"))
+            .env(super::sweep::OWNER_ENV, super::sweep::owner_marker())
+            .env(
+                "RUST_LOG",
+                std::env::var("ISTIOD_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        let guard = ChildGuard::spawn(&format!("istiod-{}", self.tag), cmd)?;
+        wait_for("istiod-lite to be ready", Duration::from_secs(20), || {
+            crate::mesh::http_get(&self.ns, ISTIOD_READY_URL).ok()
+        })
+        .with_context(|| format!("istiod-lite log:\n{}", guard.log()))?;
+        self.istiod = Some(guard);
+        Ok(())
+    }
+
+    /// Stops istiod-lite (SIGTERM, then kill); ztunnels keep their cached certificates.
+    pub fn stop_istiod(&mut self) {
+        if let Some(mut old) = self.istiod.take() {
+            old.signal(libc::SIGTERM);
+            if old.wait_timeout(Duration::from_secs(5)).is_none() {
+                old.kill();
+            }
+        }
+    }
+
+    /// istiod-lite's Prometheus text.
+    pub fn istiod_metrics(&self) -> Result<String> {
+        crate::mesh::http_get(&self.ns, &format!("http://{CLUSTER_NET_PREFIX}.1:15014/metrics"))
     }
 
     /// Starts (or restarts) the API server; objects survive in the state file.

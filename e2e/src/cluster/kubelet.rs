@@ -202,7 +202,13 @@ fn sync_loop(
                 pod["status"]["phase"].as_str(),
                 Some("Succeeded" | "Failed")
             );
-            if uid.is_empty() || finished || !pod["metadata"]["deletionTimestamp"].is_null() {
+            // Mirror pods stand for processes the harness runs itself.
+            let mirror = !pod["metadata"]["annotations"][super::objects::MIRROR_ANNOTATION].is_null();
+            if uid.is_empty()
+                || finished
+                || mirror
+                || !pod["metadata"]["deletionTimestamp"].is_null()
+            {
                 continue;
             }
             live.insert(uid, pod);

@@ -16,6 +16,7 @@ pub mod cni;
 pub mod kubelet;
 pub mod node;
 pub mod objects;
+pub mod projected;
 pub mod sweep;
 
 use std::path::Path;
@@ -56,8 +57,6 @@ impl LocalCluster {
         let dir = tempfile::Builder::new()
             .prefix(&sweep::owner_marker())
             .tempdir()?;
-        let ca = dir.path().join("ca");
-        crate::mesh::ca_init(&ca)?;
         let control_plane = ControlPlane::start(tag, dir.path())?;
         let mut cluster = LocalCluster {
             kubelets: Vec::new(),
@@ -72,7 +71,6 @@ impl LocalCluster {
                 index,
                 cluster.dir.path(),
                 &cluster.control_plane.kubeconfig,
-                &ca,
             )?;
             cluster.control_plane.attach(&node.ns, 10 + index)?;
             cluster.nodes.push(node);
@@ -83,7 +81,10 @@ impl LocalCluster {
             }
         }
         cluster.create_objects()?;
+        let api = cluster.api();
         for node in &mut cluster.nodes {
+            let pod = ztunnel_pod(&api, &node.name)?;
+            node.project_ztunnel_volumes(api.clone(), pod)?;
             node.start_agent()?;
             node.start_ztunnel()?;
         }
@@ -115,6 +116,10 @@ impl LocalCluster {
             "/api/v1/namespaces",
             &objects::namespace(SYSTEM_NAMESPACE, &[]),
         )?;
+        api.create_if_absent(
+            &format!("/api/v1/namespaces/{SYSTEM_NAMESPACE}/serviceaccounts"),
+            &objects::service_account(SYSTEM_NAMESPACE, "ztunnel"),
+        )?;
         let path = format!("/apis/apps/v1/namespaces/{SYSTEM_NAMESPACE}/daemonsets");
         for (name, app) in [("istio-cni-node", "istio-cni-node"), ("ztunnel", "ztunnel")] {
             api.create_if_absent(
@@ -123,6 +128,24 @@ impl LocalCluster {
             )?;
         }
         Ok(())
+    }
+
+    /// Files under the nodes' directories that hold the mesh CA's key (by name or
+    /// content). Empty is the point: only istiod-lite has it.
+    pub fn node_files_with_ca_key(&self) -> Result<Vec<std::path::PathBuf>> {
+        let key = std::fs::read_to_string(self.control_plane.ca_dir.join("ca-key.pem"))?;
+        let mut found = Vec::new();
+        for node in &self.nodes {
+            for file in files_under(&node.dir) {
+                let text = std::fs::read(&file).unwrap_or_default();
+                if file.ends_with("ca-key.pem")
+                    || String::from_utf8_lossy(&text).contains(key.trim())
+                {
+                    found.push(file);
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// A client for the API server (it connects from the control-plane namespace).
@@ -413,6 +436,32 @@ impl LocalCluster {
         }
         text
     }
+}
+
+/// Every regular file under `dir`, recursively (sockets and links skipped).
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => out.extend(files_under(&path)),
+            Ok(t) if t.is_file() => out.push(path),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The Pod object of a node's ztunnel (which the harness runs itself, so it is a
+/// mirror pod the kubelet stand-in leaves alone): its token is bound to it, and
+/// istiod-lite finds the node through it. Returns (name, uid).
+fn ztunnel_pod(api: &Api, node: &str) -> Result<(String, String)> {
+    let name = format!("ztunnel-{node}");
+    let path = format!("/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods");
+    api.create_if_absent(&path, &objects::mirror_pod(SYSTEM_NAMESPACE, &name, node, "ztunnel", &[("app", "ztunnel")]))?;
+    let pod = api.get(&format!("{path}/{name}"))?;
+    let uid = pod["metadata"]["uid"].as_str().context("pod without uid")?;
+    Ok((name, uid.to_owned()))
 }
 
 fn resolve_program(program: &str) -> String {

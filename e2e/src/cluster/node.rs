@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::apiserver_proc::CLUSTER_NET_PREFIX;
+use super::api::Api;
+use super::apiserver_proc::{CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST};
 use super::cni;
+use super::projected::{ProjectedConfigMap, ProjectedToken, Projector};
+use super::SYSTEM_NAMESPACE;
 use super::sweep::{owner_marker, OWNER_ENV};
 use crate::mesh::binary;
 use crate::netns::Netns;
@@ -21,23 +24,20 @@ pub struct Node {
     // Drop order: processes first, then the namespace.
     pub ztunnel: Option<ChildGuard>,
     pub agent: Option<ChildGuard>,
+    /// ztunnel's projected token and root certificate, kept fresh.
+    pub projector: Option<Projector>,
+    /// Extra environment for ztunnel (tests: e.g. a short SECRET_TTL).
+    pub ztunnel_env: Vec<(String, String)>,
     pub index: u8,
     pub name: String,
     pub ns: Netns,
     pub dir: PathBuf,
     kubeconfig: PathBuf,
-    ca_dir: PathBuf,
 }
 
 impl Node {
     /// Creates the namespace and directories and writes the reference conflist.
-    pub fn create(
-        tag: &str,
-        index: u8,
-        root: &Path,
-        kubeconfig: &Path,
-        ca_dir: &Path,
-    ) -> Result<Self> {
+    pub fn create(tag: &str, index: u8, root: &Path, kubeconfig: &Path) -> Result<Self> {
         let ns = Netns::new(&format!("{tag}n{index}"))?;
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
         let dir = root.join(format!("node-{index}"));
@@ -47,12 +47,13 @@ impl Node {
         let node = Node {
             ztunnel: None,
             agent: None,
+            projector: None,
+            ztunnel_env: Vec::new(),
             index,
             name: format!("node-{index}"),
             ns,
             dir,
             kubeconfig: kubeconfig.to_owned(),
-            ca_dir: ca_dir.to_owned(),
         };
         node.write_bridge_conflist()?;
         Ok(node)
@@ -77,6 +78,39 @@ impl Node {
 
     pub fn run_dir(&self) -> PathBuf {
         self.dir.join("run")
+    }
+
+    /// ztunnel's projected service-account token (audience istio-ca), as the
+    /// chart mounts it at /var/run/secrets/tokens/istio-token.
+    pub fn token_path(&self) -> PathBuf {
+        self.dir.join("secrets/tokens/istio-token")
+    }
+
+    /// The root from ConfigMap istio-ca-root-cert, as the chart mounts it at
+    /// /var/run/secrets/istio/root-cert.pem.
+    pub fn root_cert_path(&self) -> PathBuf {
+        self.dir.join("secrets/istio/root-cert.pem")
+    }
+
+    /// Projects ztunnel's token (bound to its Pod object `pod`) and the root, as
+    /// kubelet does for the chart's volumes, before ztunnel starts.
+    pub fn project_ztunnel_volumes(&mut self, api: Api, pod: (String, String)) -> Result<()> {
+        let token = ProjectedToken {
+            namespace: SYSTEM_NAMESPACE.into(),
+            service_account: "ztunnel".into(),
+            audience: "istio-ca".into(),
+            expiration_secs: 43200,
+            pod,
+            path: self.token_path(),
+        };
+        let root = ProjectedConfigMap {
+            namespace: SYSTEM_NAMESPACE.into(),
+            name: "istio-ca-root-cert".into(),
+            key: "root-cert.pem".into(),
+            path: self.root_cert_path(),
+        };
+        self.projector = Some(Projector::start(api, token, root, Duration::from_secs(20))?);
+        Ok(())
     }
 
     /// Where the agent serves ZDS and ztunnel connects.
@@ -139,7 +173,8 @@ impl Node {
         Ok(())
     }
 
-    /// Starts the node's ztunnel (shared mode, Kubernetes discovery). It does not wait
+    /// Starts the node's ztunnel (shared mode, Kubernetes discovery, certificates
+    /// from istiod-lite: no CA key on the node). It does not wait
     /// for readiness: that needs the agent's ZDS snapshot (see [`Node::ztunnel_ready`]).
     pub fn start_ztunnel(&mut self) -> Result<()> {
         if let Some(mut old) = self.ztunnel.take() {
@@ -152,7 +187,11 @@ impl Node {
             .env("DISCOVERY_SOURCE", "kubernetes")
             .env("KUBECONFIG", &self.kubeconfig)
             .env("XDS_ADDRESS", "")
-            .env("CA_CERTS_DIR", &self.ca_dir)
+            .env("CA_ADDRESS", ISTIOD_ADDR)
+            .env("ALT_CA_HOSTNAME", ISTIOD_HOST)
+            .env("CA_ROOT_CA", self.root_cert_path())
+            .env("AUTH_TOKEN", self.token_path())
+            .envs(self.ztunnel_env.iter().map(|(k, v)| (k, v)))
             .env("INPOD_UDS", self.zds_socket())
             .env("NODE_NAME", &self.name)
             .env(OWNER_ENV, owner_marker())

@@ -34,6 +34,22 @@ pub fn pod(
     })
 }
 
+/// The API object of a pod the harness runs itself on `node` (kubelet's static
+/// pods have such mirrors): the kubelet stand-in does not run it again.
+pub fn mirror_pod(namespace: &str, name: &str, node: &str, sa: &str, labels: &[(&str, &str)]) -> Value {
+    let mut pod = pod(namespace, name, node, sa, labels, &[]);
+    pod["metadata"]["annotations"] = json!({ MIRROR_ANNOTATION: "harness" });
+    pod["status"] = json!({"phase": "Running"});
+    pod
+}
+
+/// kubelet's mark on the API object of a static pod.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+pub fn service_account(namespace: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}})
+}
+
 pub fn namespace(name: &str, labels: &[(&str, &str)]) -> Value {
     let labels: serde_json::Map<String, Value> = labels
         .iter()

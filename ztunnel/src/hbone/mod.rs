@@ -10,7 +10,7 @@ pub mod stream;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::identity::CaError;
+use crate::identity::source::CertError;
 use crate::tls::TlsError;
 
 /// Istio's HTTP/2 settings for HBONE: large windows so one stream can fill a fast
@@ -44,7 +44,7 @@ pub enum HboneError {
     #[error("HTTP/2: {0}")]
     H2(#[from] h2::Error),
     #[error("workload certificate: {0}")]
-    Certificate(#[from] CaError),
+    Certificate(#[from] CertError),
     #[error("TLS configuration: {0}")]
     TlsConfig(#[from] TlsError),
     #[error("building the CONNECT request: {0}")]

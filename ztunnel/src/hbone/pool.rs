@@ -211,7 +211,7 @@ impl Pool {
         key: &PoolKey,
         expected: &[Identity],
     ) -> Result<Arc<Connection>, HboneError> {
-        let cert = self.certs.fetch(&key.src_identity)?;
+        let cert = self.certs.fetch(&key.src_identity).await?;
         let config = tls::client_config(&cert, expected.to_vec())?;
         let socket = self
             .sockets

@@ -138,6 +138,7 @@ impl PodProxies {
         self.inputs
             .certs
             .fetch(&identity)
+            .await
             .map_err(|e| format!("minting the certificate for {identity}: {e}"))?;
         let netns = Arc::new(netns);
         let factory = PodSocketFactory {

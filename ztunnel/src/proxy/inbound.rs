@@ -63,11 +63,12 @@ impl Inbound {
         .await
     }
 
-    fn tls_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
+    async fn tls_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
         let cert = self
             .inputs
             .certs
             .fetch(&self.inputs.local.identity)
+            .await
             .map_err(|e| e.to_string())?;
         let mut current = self
             .server_config
@@ -90,7 +91,7 @@ impl Inbound {
             Ok(local) => socket::to_canonical(local),
             Err(_) => return,
         };
-        let config = match self.tls_config() {
+        let config = match self.tls_config().await {
             Ok(config) => config,
             Err(e) => {
                 warn!(error = %e, "no certificate for the local workload");

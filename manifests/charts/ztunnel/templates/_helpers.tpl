@@ -37,3 +37,8 @@ app: {{ include "ztunnel.name" . }}
 {{- define "ztunnel.usesLocal" -}}
 {{- if has .Values.discovery.source (list "local" "both") }}true{{ end }}
 {{- end }}
+
+{{/* CA_ADDRESS: caAddress, else istiod-lite's Service (Istio's default host). */}}
+{{- define "ztunnel.caAddress" -}}
+{{- .Values.caAddress | default (printf "istiod.%s.svc:15012" (.Values.istioNamespace | default .Release.Namespace)) }}
+{{- end }}

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber, SignatureAlgorithm,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType, SerialNumber, SignatureAlgorithm,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, UnixTime};
@@ -25,7 +25,7 @@ use x509_parser::oid_registry::{
     OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
 };
 
-use super::{Identity, IdentityError};
+use crate::identity::{Identity, IdentityError};
 
 pub const CA_CERT_FILE: &str = "ca-cert.pem";
 pub const CA_KEY_FILE: &str = "ca-key.pem";
@@ -145,12 +145,23 @@ impl CertificateAuthority {
     }
 
     /// A fresh self-signed ECDSA P-256 root, valid ten years, with O=<trust domain>.
+    /// Quick to make: tests and throw-away meshes use it.
     pub fn generate_self_signed(trust_domain: &str) -> Result<Self, CaError> {
+        Self::generate_root(trust_domain, RootKey::EcdsaP256)
+    }
+
+    /// A fresh self-signed root of the given key kind, valid ten years, O=<trust domain>.
+    pub fn generate_root(trust_domain: &str, kind: RootKey) -> Result<Self, CaError> {
         let sign_err = |source| CaError::Sign {
             what: "the self-signed root".into(),
             source,
         };
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err)?;
+        let key = match kind {
+            RootKey::EcdsaP256 => {
+                KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err)?
+            }
+            RootKey::Rsa2048 => rsa_2048_key().map_err(sign_err)?,
+        };
         let now = SystemTime::now();
         let mut params = CertificateParams::default();
         let mut name = DistinguishedName::new();
@@ -206,6 +217,19 @@ impl CertificateAuthority {
         self.roots.clone()
     }
 
+    /// The roots as one PEM bundle (what `istio-ca-root-cert` publishes).
+    pub fn roots_pem(&self) -> String {
+        self.roots
+            .iter()
+            .map(|c| pem_encode("CERTIFICATE", c))
+            .collect()
+    }
+
+    /// When the signing certificate expires; nothing is issued past it.
+    pub fn not_after(&self) -> SystemTime {
+        self.not_after
+    }
+
     /// A leaf valid from a minute ago for `lifetime`, capped at the CA's own expiry.
     pub fn issue(&self, id: &Identity, lifetime: Duration) -> Result<WorkloadCertificate, CaError> {
         self.issue_at(id, lifetime, SystemTime::now())
@@ -239,23 +263,113 @@ impl CertificateAuthority {
         not_before: SystemTime,
         not_after: SystemTime,
     ) -> Result<WorkloadCertificate, CaError> {
-        let uri = id.to_uri();
-        // Never mint what peers would refuse to parse.
-        // (A field containing '/' changes the segment count, so parsing also catches it.)
-        if let Err(source) = uri.parse::<Identity>() {
-            return Err(CaError::Identity { id: uri, source });
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|source| {
+            CaError::Sign {
+                what: format!("a key for {id}"),
+                source,
+            }
+        })?;
+        let (chain, serial, not_before, not_after) =
+            self.sign_leaf(&key, workload_san(id)?, not_before, not_after)?;
+        Ok(WorkloadCertificate {
+            identity: id.clone(),
+            chain,
+            roots: self.roots.clone(),
+            not_before,
+            not_after,
+            serial,
+            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+        })
+    }
+
+    /// Signs a leaf for `id` over a public key someone else holds (a verified CSR's).
+    /// Returns the chain, leaf first, and the roots after it: Istio's answer to a
+    /// certificate request.
+    pub fn issue_for_key(
+        &self,
+        public_key: &impl PublicKeyData,
+        id: &Identity,
+        lifetime: Duration,
+    ) -> Result<IssuedChain, CaError> {
+        let now = SystemTime::now();
+        if now >= self.not_after {
+            return Err(CaError::Expired {
+                not_after: display_time(self.not_after),
+            });
         }
-        let (not_before, not_after) = validity(not_before, not_after)?;
+        let not_after = now
+            .checked_add(lifetime)
+            .ok_or(CaError::Validity("lifetime too long"))?
+            .min(self.not_after);
+        let not_before = now.checked_sub(CLOCK_SKEW).unwrap_or(now);
+        let (chain, serial, _, not_after) =
+            self.sign_leaf(public_key, workload_san(id)?, not_before, not_after)?;
+        Ok(IssuedChain {
+            chain,
+            roots: self.roots.clone(),
+            serial,
+            not_after,
+        })
+    }
+
+    /// A serving certificate for a control-plane endpoint: DNS names (or IPs)
+    /// only, signed by the mesh CA so clients that trust the mesh root trust it.
+    pub fn issue_serving(
+        &self,
+        names: &[String],
+        lifetime: Duration,
+    ) -> Result<ServingCertificate, CaError> {
+        let sans = names
+            .iter()
+            .map(|name| match name.parse::<std::net::IpAddr>() {
+                Ok(ip) => Ok(SanType::IpAddress(ip)),
+                Err(_) => name
+                    .clone()
+                    .try_into()
+                    .map(SanType::DnsName)
+                    .map_err(|source| CaError::Sign {
+                        what: format!("a serving certificate for {name:?}"),
+                        source,
+                    }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let sign_err = |source| CaError::Sign {
-            what: format!("a leaf for {uri}"),
+            what: "a serving key".into(),
             source,
         };
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err)?;
+        let now = SystemTime::now();
+        let not_after = now
+            .checked_add(lifetime)
+            .ok_or(CaError::Validity("lifetime too long"))?
+            .min(self.not_after);
+        let not_before = now.checked_sub(CLOCK_SKEW).unwrap_or(now);
+        let (chain, _, _, not_after) = self.sign_leaf(&key, sans, not_before, not_after)?;
+        Ok(ServingCertificate {
+            chain,
+            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+            not_after,
+        })
+    }
+
+    /// The one place leaves are signed: the given SANs, empty subject, server and
+    /// client auth. Returns (chain leaf first, hex serial, validity).
+    fn sign_leaf(
+        &self,
+        public_key: &impl PublicKeyData,
+        sans: Vec<SanType>,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<(Vec<CertificateDer<'static>>, String, SystemTime, SystemTime), CaError> {
+        let (not_before, not_after) = validity(not_before, not_after)?;
+        let sign_err = |source| CaError::Sign {
+            what: format!("a leaf for {sans:?}"),
+            source,
+        };
         let mut params = CertificateParams::default();
-        // Empty subject: the identity lives only in the URI SAN (marked critical by rcgen).
+        // Empty subject: the identity lives only in the SAN (marked critical by rcgen).
         params.distinguished_name = DistinguishedName::new();
-        let san = uri.clone().try_into().map_err(sign_err)?;
-        params.subject_alt_names = vec![SanType::URI(san)];
+        params.subject_alt_names = sans.clone();
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
@@ -270,20 +384,14 @@ impl CertificateAuthority {
         let (serial_number, serial) = random_serial();
         params.serial_number = Some(serial_number);
         params.use_authority_key_identifier_extension = true;
-        let leaf = params.signed_by(&key, &self.issuer).map_err(sign_err)?;
+        let leaf = params
+            .signed_by(public_key, &self.issuer)
+            .map_err(sign_err)?;
 
         let mut chain = Vec::with_capacity(1 + self.chain.len());
         chain.push(leaf.der().clone());
         chain.extend(self.chain.iter().cloned());
-        Ok(WorkloadCertificate {
-            identity: id.clone(),
-            chain,
-            roots: self.roots.clone(),
-            not_before,
-            not_after,
-            serial,
-            key: PrivatePkcs8KeyDer::from(key.serialize_der()),
-        })
+        Ok((chain, serial, not_before, not_after))
     }
 
     /// Issues a throw-away leaf and verifies it the way peers will.
@@ -293,6 +401,73 @@ impl CertificateAuthority {
             .issue(&probe, Duration::from_secs(3600))
             .map_err(|e| e.to_string())?;
         verify_chain(&leaf.chain, &self.roots, UnixTime::now())
+    }
+}
+
+/// The URI SAN of a workload leaf; never mint what peers would refuse to parse.
+/// (A field containing '/' changes the segment count, so parsing also catches it.)
+fn workload_san(id: &Identity) -> Result<Vec<SanType>, CaError> {
+    let uri = id.to_uri();
+    if let Err(source) = uri.parse::<Identity>() {
+        return Err(CaError::Identity { id: uri, source });
+    }
+    let san = uri.clone().try_into().map_err(|source| CaError::Sign {
+        what: format!("a leaf for {uri}"),
+        source,
+    })?;
+    Ok(vec![SanType::URI(san)])
+}
+
+/// A control-plane serving certificate with its key.
+#[derive(Debug)]
+pub struct ServingCertificate {
+    /// Leaf first, then the CA's chain.
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivatePkcs8KeyDer<'static>,
+    pub not_after: SystemTime,
+}
+
+/// The key of a generated root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RootKey {
+    /// What Istio's self-signed CA makes; `istioctl-lite ca init` does the same.
+    Rsa2048,
+    EcdsaP256,
+}
+
+/// ring verifies RSA but cannot generate it; the `rsa` crate makes the key.
+fn rsa_2048_key() -> Result<KeyPair, rcgen::Error> {
+    use rsa::pkcs8::EncodePrivateKey;
+    let key = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048)
+        .map_err(|_| rcgen::Error::KeyGenerationUnavailable)?;
+    let der = key
+        .to_pkcs8_der()
+        .map_err(|_| rcgen::Error::KeyGenerationUnavailable)?;
+    let der = PrivatePkcs8KeyDer::from(der.as_bytes().to_vec());
+    KeyPair::from_pkcs8_der_and_sign_algo(&der, &rcgen::PKCS_RSA_SHA256)
+}
+
+/// A leaf signed over a requester's key: what a certificate service answers.
+#[derive(Debug)]
+pub struct IssuedChain {
+    /// Leaf first, then the CA's cert-chain.pem entries.
+    pub chain: Vec<CertificateDer<'static>>,
+    pub roots: Vec<CertificateDer<'static>>,
+    pub serial: String,
+    pub not_after: SystemTime,
+}
+
+impl IssuedChain {
+    /// One PEM per certificate, leaf first and root last, each ending in a newline
+    /// (Istio's `cert_chain`). A root already at the end of the chain is not repeated.
+    pub fn to_pem_list(&self) -> Vec<String> {
+        let mut certs: Vec<&CertificateDer<'_>> = self.chain.iter().collect();
+        for root in &self.roots {
+            if certs.last() != Some(&root) {
+                certs.push(root);
+            }
+        }
+        certs.iter().map(|c| pem_encode("CERTIFICATE", c)).collect()
     }
 }
 
@@ -312,6 +487,53 @@ pub struct WorkloadCertificate {
 }
 
 impl WorkloadCertificate {
+    /// A leaf someone else signed (a CA service's answer) with the key that was
+    /// certified. Checks what peers would: the leaf parses, carries exactly `id`,
+    /// certifies `key`, and chains to `roots`.
+    pub fn from_issued(
+        id: &Identity,
+        chain: Vec<CertificateDer<'static>>,
+        roots: Vec<CertificateDer<'static>>,
+        key: PrivatePkcs8KeyDer<'static>,
+    ) -> Result<Self, String> {
+        let leaf = chain.first().ok_or("the certificate chain is empty")?;
+        let (_, x509) = x509_parser::parse_x509_certificate(leaf)
+            .map_err(|e| format!("the leaf is not X.509: {e}"))?;
+        let uris: Vec<String> = match x509.subject_alternative_name() {
+            Ok(Some(san)) => san
+                .value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if uris != [id.to_uri()] {
+            return Err(format!(
+                "the leaf names {uris:?}, not the identity asked for ({id})"
+            ));
+        }
+        let pair = KeyPair::try_from(&key).map_err(|e| format!("unusable private key: {e}"))?;
+        if pair.public_key_raw() != x509.public_key().subject_public_key.data.as_ref() {
+            return Err("the leaf does not certify the key that was sent".into());
+        }
+        verify_chain(&chain, &roots, UnixTime::now())
+            .map_err(|e| format!("the chain does not verify against the roots: {e}"))?;
+        let validity = x509.validity();
+        Ok(WorkloadCertificate {
+            identity: id.clone(),
+            not_before: to_system_time(validity.not_before.timestamp()),
+            not_after: to_system_time(validity.not_after.timestamp()),
+            serial: x509.raw_serial_as_string().replace(':', ""),
+            chain,
+            roots,
+            key,
+        })
+    }
+
     pub fn private_key(&self) -> PrivateKeyDer<'static> {
         PrivateKeyDer::Pkcs8(self.key.clone_key())
     }
@@ -343,7 +565,7 @@ impl WorkloadCertificate {
 }
 
 /// Verifies `chain` (leaf first) against `roots` as a TLS peer would (EKU serverAuth).
-pub(crate) fn verify_chain(
+pub fn verify_chain(
     chain: &[CertificateDer<'_>],
     roots: &[CertificateDer<'_>],
     now: UnixTime,
@@ -356,7 +578,7 @@ pub(crate) fn verify_chain(
             .map_err(|e| format!("unusable root: {e}"))?;
     }
     let leaf = ParsedCertificate::try_from(leaf).map_err(|e| e.to_string())?;
-    let provider = crate::tls::crypto_provider();
+    let provider = rustls::crypto::ring::default_provider();
     rustls::client::verify_server_cert_signed_by_trust_anchor(
         &leaf,
         &store,

@@ -1,0 +1,4 @@
+//! What istiod-lite reads from the Kubernetes API.
+
+pub mod pods;
+pub mod root_publisher;

@@ -1,0 +1,28 @@
+//! `istiod-lite`: flags and environment, then [`istiod_lite::app::run`].
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "istiod-lite",
+    version,
+    about = "The mesh control plane: Istio's certificate service with Kubernetes token authentication"
+)]
+struct Cli {
+    #[command(flatten)]
+    config: istiod_lite::config::Config,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(istiod_lite::app::run(cli.config))
+}

@@ -1,0 +1,142 @@
+//! The 15012 listener: TLS with a serving certificate from the mesh CA, renewed
+//! at half-life without a restart, carrying istiod's gRPC services.
+//!
+//! Clients authenticate with tokens in the request, as Istio's do, so no client
+//! certificate is asked for. ALPN is h2 only (gRPC).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use mesh_ca::CertificateAuthority;
+use rustls::crypto::ring;
+use rustls::pki_types::PrivateKeyDer;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::net::TcpListener;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const RETRY: Duration = Duration::from_secs(5);
+
+/// The current serving certificate; swapped in place on renewal.
+#[derive(Debug)]
+pub struct ServingCert {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ServingCert {
+    fn issue(
+        ca: &CertificateAuthority,
+        names: &[String],
+        lifetime: Duration,
+    ) -> anyhow::Result<(Arc<CertifiedKey>, SystemTime)> {
+        let cert = ca.issue_serving(names, lifetime)?;
+        let key = PrivateKeyDer::Pkcs8(cert.key);
+        let signer = ring::sign::any_supported_type(&key)?;
+        Ok((
+            Arc::new(CertifiedKey::new(cert.chain, signer)),
+            cert.not_after,
+        ))
+    }
+
+    /// Issues the first certificate and keeps renewing it at half-life until `shutdown`.
+    pub fn start(
+        ca: Arc<CertificateAuthority>,
+        names: Vec<String>,
+        lifetime: Duration,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Arc<Self>> {
+        let (first, mut not_after) = Self::issue(&ca, &names, lifetime)?;
+        let serving = Arc::new(ServingCert {
+            current: RwLock::new(first),
+        });
+        tracing::info!(?names, "serving certificate issued");
+        let this = serving.clone();
+        tokio::spawn(async move {
+            loop {
+                let left = not_after
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default();
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(left / 2) => {}
+                }
+                match Self::issue(&ca, &names, lifetime) {
+                    Ok((cert, expiry)) => {
+                        *this.current.write().unwrap_or_else(|p| p.into_inner()) = cert;
+                        not_after = expiry;
+                        tracing::info!("serving certificate renewed");
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot renew the serving certificate; retrying");
+                        tokio::time::sleep(RETRY).await;
+                    }
+                }
+            }
+        });
+        Ok(serving)
+    }
+}
+
+impl ResolvesServerCert for ServingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+}
+
+pub fn tls_acceptor(serving: Arc<ServingCert>) -> anyhow::Result<TlsAcceptor> {
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(serving);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Accepts TCP, completes TLS off the accept loop (a slow client holds up no one),
+/// and yields finished streams for tonic.
+pub fn incoming(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    shutdown: CancellationToken,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<TlsStream<tokio::net::TcpStream>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(128);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer): (_, SocketAddr) = tokio::select! {
+                () = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of fds and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(Ok(tls)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

@@ -1,0 +1,35 @@
+{{/* Names are fixed (Istio's), not derived from the release: ztunnel reaches the CA
+     at istiod.<namespace>.svc:15012, and the serving certificate names that host. */}}
+{{- define "istiod.name" -}}istiod{{- end }}
+{{- define "istiod.caCertsDir" -}}/etc/cacerts{{- end }}
+
+{{- define "istiod.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object: Istio's app/istio labels, so Istio's tooling and
+     dashboards find istiod. No istio.io/rev: this mesh is revision-free. */}}
+{{- define "istiod.labels" -}}
+app: {{ include "istiod.name" . }}
+istio: pilot
+app.kubernetes.io/name: {{ include "istiod.name" . }}
+app.kubernetes.io/part-of: istio
+app.kubernetes.io/component: control-plane
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "istiod.chart" . }}
+{{- end }}
+
+{{- define "istiod.selectorLabels" -}}
+app: {{ include "istiod.name" . }}
+{{- end }}
+
+{{- define "istiod.image" -}}
+{{ .Values.image.hub }}/{{ .Values.image.name }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* CA_TRUSTED_NODE_ACCOUNTS: <namespace>/<service account> of ztunnel. */}}
+{{- define "istiod.trustedNodeAccounts" -}}
+{{ .Values.trustedZtunnelNamespace | default .Release.Namespace }}/{{ .Values.trustedZtunnelName }}
+{{- end }}

@@ -1,0 +1,12 @@
+//! Istio's control-plane gRPC services, with Istio's package, field numbers and
+//! method paths, so Istio's own ztunnel and istiod can be either end.
+
+pub mod ca;
+
+/// gRPC metadata keys Istio's clients send with every control-plane call.
+pub mod metadata {
+    /// `Bearer <service-account token>`.
+    pub const AUTHORIZATION: &str = "authorization";
+    /// The cluster the caller's token belongs to.
+    pub const CLUSTER_ID: &str = "clusterid";
+}
