@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
-# One image for every ambient-rs binary: ztunnel, cni-agent, istio-cni (the CNI plugin
-# the agent copies to each node) and istioctl-lite. The Helm charts in manifests/charts
-# run it as ghcr.io/ambient-rs/ambient-rs:<appVersion>; manifests/README.md shows how CI
-# builds and pushes it.
+# One image for every ambient-rs binary: istiod-lite (the control plane), ztunnel,
+# cni-agent, istio-cni (the CNI plugin the agent copies to each node) and istioctl-lite.
+# The Helm charts in manifests/charts run it as ghcr.io/ambient-rs/ambient-rs:<appVersion>;
+# manifests/README.md shows how CI builds and pushes it.
 #
 #   docker build -t ghcr.io/ambient-rs/ambient-rs:dev .
 
@@ -20,10 +20,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked --bins \
-        -p ztunnel -p cni-agent -p cni-plugin -p istioctl-lite \
+        -p istiod-lite -p ztunnel -p cni-agent -p cni-plugin -p istioctl-lite \
  && mkdir -p /out \
- && cp target/release/ztunnel target/release/cni-agent target/release/istio-cni \
-       target/release/istioctl-lite /out/
+ && cp target/release/istiod-lite target/release/ztunnel target/release/cni-agent \
+       target/release/istio-cni target/release/istioctl-lite /out/
 
 FROM ${BASE_IMAGE}
 # iptables (nft and legacy backends; the agent picks the one the node uses), iproute2
@@ -38,9 +38,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/ /usr/local/bin/
 LABEL org.opencontainers.image.title="ambient-rs" \
-      org.opencontainers.image.description="Istio ambient mode data plane in Rust: ztunnel, cni-agent, istio-cni, istioctl-lite" \
+      org.opencontainers.image.description="Istio ambient mode in Rust: istiod-lite, ztunnel, cni-agent, istio-cni, istioctl-lite" \
       org.opencontainers.image.source="https://github.com/ambient-rs/ambient-rs" \
       org.opencontainers.image.licenses="Apache-2.0"
-# The charts run the agent and ztunnel as root with a few capabilities (see their
-# securityContext); the image itself does not pick a binary.
+# The charts run the agent and ztunnel as root with a few capabilities and istiod-lite
+# as non-root (see their securityContext); the image itself does not pick a binary.
 CMD ["ztunnel", "--help"]

@@ -9,8 +9,38 @@ use kube::api::DynamicObject;
 
 use crate::cli::ChartArgs;
 
-/// The charts, in install order: the node agent first, then ztunnel.
-pub const CHARTS: [(&str, &str); 2] = [("cni", "istio-cni"), ("ztunnel", "ztunnel")];
+/// One chart of the repository.
+pub struct Chart {
+    /// Directory under the charts dir (the chart's name).
+    pub dir: &'static str,
+    /// Helm release name (Istio's).
+    pub release: &'static str,
+    /// `--set PREFIX.KEY=V` targets this chart only.
+    pub prefix: &'static str,
+}
+
+/// The charts, in install order: the control plane (the CA ztunnel needs) first, then
+/// the node agent, then ztunnel.
+pub const CHARTS: [Chart; 3] = [
+    Chart {
+        dir: "istiod-lite",
+        release: "istiod",
+        prefix: "istiod",
+    },
+    Chart {
+        dir: "cni",
+        release: "istio-cni",
+        prefix: "cni",
+    },
+    Chart {
+        dir: "ztunnel",
+        release: "ztunnel",
+        prefix: "ztunnel",
+    },
+];
+
+/// The control plane chart's directory (`Rendered::chart`).
+pub const CONTROL_PLANE: &str = "istiod-lite";
 
 /// One chart's rendering: its YAML text and the objects in it.
 pub struct Rendered {
@@ -51,38 +81,80 @@ pub fn charts_dir(flag: Option<&Path>) -> Result<PathBuf> {
     candidates
         .into_iter()
         .find(|dir| {
-            dir.join("cni/Chart.yaml").is_file() && dir.join("ztunnel/Chart.yaml").is_file()
+            CHARTS
+                .iter()
+                .all(|c| dir.join(c.dir).join("Chart.yaml").is_file())
         })
-        .context("cannot find the charts (cni, ztunnel); pass --charts-dir")
+        .context("cannot find the charts (istiod-lite, cni, ztunnel); pass --charts-dir")
 }
 
-/// `--set` values meant for `chart`: a `cni.`/`ztunnel.` prefix targets one chart
-/// (the schemas reject unknown keys), anything else goes to both.
-pub fn values_for(chart: &str, sets: &[String]) -> Vec<String> {
+/// The top-level value names a chart's values.schema.json allows, or `None` when it
+/// has no schema that rejects unknown keys (then it accepts anything).
+pub fn declared_values(chart_dir: &Path) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(chart_dir.join("values.schema.json")).ok()?;
+    let schema: serde_json::Value = serde_json::from_str(&text).ok()?;
+    if schema.get("additionalProperties") != Some(&serde_json::Value::Bool(false)) {
+        return None;
+    }
+    let props = schema.get("properties")?.as_object()?;
+    Some(props.keys().cloned().collect())
+}
+
+/// The first segment of a `--set` key (`image` of `image.tag=x`, `env` of
+/// `env.A\.B=1`, `tolerations` of `tolerations[0].key=k`).
+fn top_level_key(set: &str) -> String {
+    let mut key = String::new();
+    let mut chars = set.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => key.extend(chars.next()),
+            '.' | '[' | '=' => break,
+            c => key.push(c),
+        }
+    }
+    key
+}
+
+/// `--set` values meant for the chart with `prefix`: `istiod.`/`cni.`/`ztunnel.`
+/// targets one chart; anything else goes to every chart whose values declare its
+/// first segment (`declared`: prefix to top-level names, `None` = accepts anything),
+/// or to all of them when none does (so helm's schema error names the key).
+pub fn values_for(
+    prefix: &str,
+    sets: &[String],
+    declared: &dyn Fn(&str) -> Option<Vec<String>>,
+) -> Vec<String> {
     sets.iter()
         .filter_map(|s| {
-            for (other, _) in CHARTS {
-                if let Some(rest) = s.strip_prefix(&format!("{other}.")) {
-                    return (other == chart).then(|| rest.to_string());
+            for other in &CHARTS {
+                if let Some(rest) = s.strip_prefix(&format!("{}.", other.prefix)) {
+                    return (other.prefix == prefix).then(|| rest.to_string());
                 }
             }
-            Some(s.clone())
+            let key = top_level_key(s);
+            let takes = |p: &str| declared(p).is_none_or(|names| names.contains(&key));
+            let anyone = CHARTS.iter().any(|c| takes(c.prefix));
+            (takes(prefix) || !anyone).then(|| s.clone())
         })
         .collect()
 }
 
-/// Runs `helm template` for both charts and parses the objects.
+/// Runs `helm template` for every chart (install order) and parses the objects.
 pub fn render(args: &ChartArgs) -> Result<Vec<Rendered>> {
     let helm = find_helm()?;
     let dir = charts_dir(args.charts_dir.as_deref())?;
+    let declared = |prefix: &str| {
+        let chart = CHARTS.iter().find(|c| c.prefix == prefix)?;
+        declared_values(&dir.join(chart.dir))
+    };
     let mut out = Vec::new();
-    for (chart, release) in CHARTS {
+    for chart in &CHARTS {
         let mut cmd = Command::new(&helm);
         cmd.arg("template")
-            .arg(release)
-            .arg(dir.join(chart))
+            .arg(chart.release)
+            .arg(dir.join(chart.dir))
             .args(["--namespace", &args.namespace]);
-        for value in values_for(chart, &args.set) {
+        for value in values_for(chart.prefix, &args.set, &declared) {
             cmd.args(["--set", &value]);
         }
         let output = cmd
@@ -90,15 +162,16 @@ pub fn render(args: &ChartArgs) -> Result<Vec<Rendered>> {
             .with_context(|| format!("cannot run {}", helm.display()))?;
         if !output.status.success() {
             bail!(
-                "helm template {chart} failed: {}",
+                "helm template {} failed: {}",
+                chart.dir,
                 String::from_utf8_lossy(&output.stderr).trim()
             );
         }
         let yaml = String::from_utf8(output.stdout).context("helm printed non-UTF-8 output")?;
         let objects = parse_objects(&yaml, &args.namespace)
-            .with_context(|| format!("cannot parse the {chart} chart's manifests"))?;
+            .with_context(|| format!("cannot parse the {} chart's manifests", chart.dir))?;
         out.push(Rendered {
-            chart,
+            chart: chart.dir,
             yaml,
             objects,
         });
@@ -142,20 +215,65 @@ mod tests {
     use super::*;
 
     #[test]
-    fn set_values_are_routed_by_prefix() {
+    fn set_values_are_routed_by_prefix_then_by_schema() {
         let sets = vec![
             "cni.logLevel=debug".to_string(),
             "ztunnel.trustDomain=example.org".to_string(),
+            "istiod.replicaCount=2".to_string(),
             "image.tag=dev".to_string(),
+            "trustDomain=example.com".to_string(),
+            "noSuchValue=1".to_string(),
         ];
+        let declared = |prefix: &str| match prefix {
+            "cni" => Some(vec!["image".to_string(), "logLevel".to_string()]),
+            "ztunnel" => Some(vec!["image".to_string(), "trustDomain".to_string()]),
+            _ => Some(vec!["image".to_string(), "trustDomain".to_string()]),
+        };
         assert_eq!(
-            values_for("cni", &sets),
-            ["logLevel=debug", "image.tag=dev"]
+            values_for("cni", &sets, &declared),
+            ["logLevel=debug", "image.tag=dev", "noSuchValue=1"]
         );
         assert_eq!(
-            values_for("ztunnel", &sets),
-            ["trustDomain=example.org", "image.tag=dev"]
+            values_for("ztunnel", &sets, &declared),
+            [
+                "trustDomain=example.org",
+                "image.tag=dev",
+                "trustDomain=example.com",
+                "noSuchValue=1"
+            ]
         );
+        assert_eq!(
+            values_for("istiod", &sets, &declared),
+            [
+                "replicaCount=2",
+                "image.tag=dev",
+                "trustDomain=example.com",
+                "noSuchValue=1"
+            ]
+        );
+        // A chart without a strict schema takes every unprefixed value.
+        let lax = |prefix: &str| (prefix != "cni").then(|| vec!["image".to_string()]);
+        assert_eq!(
+            values_for("cni", &["trustDomain=x".to_string()], &lax),
+            ["trustDomain=x"]
+        );
+    }
+
+    #[test]
+    fn top_level_keys_follow_helm_set_syntax() {
+        assert_eq!(top_level_key("image.tag=x"), "image");
+        assert_eq!(top_level_key("logLevel=debug"), "logLevel");
+        assert_eq!(top_level_key("tolerations[0].key=k"), "tolerations");
+        assert_eq!(top_level_key("a\\.b.c=1"), "a.b");
+    }
+
+    #[test]
+    fn the_repository_charts_declare_their_values() {
+        let dir = charts_dir(None).unwrap();
+        for chart in &CHARTS {
+            let names = declared_values(&dir.join(chart.dir)).unwrap();
+            assert!(names.iter().any(|n| n == "image"), "{}", chart.dir);
+        }
     }
 
     #[test]

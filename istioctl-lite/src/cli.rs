@@ -5,12 +5,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use shared_types::duration::parse_duration;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "istioctl-lite",
     version,
-    about = "Operate the ambient data plane: install, enroll namespaces, inspect ztunnel, precheck"
+    about = "Operate the ambient mesh: install, CA, enroll namespaces, inspect ztunnel, precheck"
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -48,9 +49,12 @@ pub enum Output {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Render the cni and ztunnel charts with helm and server-side apply them.
+    /// Render the istiod-lite, cni and ztunnel charts with helm and server-side apply
+    /// them: the control plane first (creating the `cacerts` CA Secret with a fresh
+    /// root when there is none), then the data plane.
     Install(InstallArgs),
-    /// Delete exactly the objects the charts render (CRDs stay unless --purge).
+    /// Delete exactly the objects the charts render (CRDs stay unless --purge; the
+    /// `cacerts` CA Secret always stays).
     Uninstall(UninstallArgs),
     /// Mesh CA helpers.
     Ca {
@@ -71,15 +75,17 @@ pub enum Command {
 /// How the charts are found and rendered; shared by install and uninstall.
 #[derive(Args, Debug, Clone)]
 pub struct ChartArgs {
-    /// Directory holding the `cni` and `ztunnel` charts (default: `charts` beside
-    /// the binary, else the repository's manifests/charts).
+    /// Directory holding the `istiod-lite`, `cni` and `ztunnel` charts (default:
+    /// `charts` beside the binary, else the repository's manifests/charts).
     #[arg(long)]
     pub charts_dir: Option<PathBuf>,
     /// Namespace of the releases.
     #[arg(short = 'n', long, default_value = "istio-system")]
     pub namespace: String,
-    /// Chart value, repeatable. `cni.KEY=V` goes to the cni chart only,
-    /// `ztunnel.KEY=V` to the ztunnel chart only, anything else to both.
+    /// Chart value, repeatable. `istiod.KEY=V` goes to the istiod-lite chart only,
+    /// `cni.KEY=V` to the cni chart only, `ztunnel.KEY=V` to the ztunnel chart only;
+    /// anything else to every chart whose values declare KEY's first segment (e.g.
+    /// `image.tag` to all three, `trustDomain` to istiod-lite and ztunnel).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// Skip objects whose kind the API server does not serve (with a warning)
@@ -92,13 +98,15 @@ pub struct ChartArgs {
 pub struct InstallArgs {
     #[command(flatten)]
     pub charts: ChartArgs,
-    /// Print the rendered manifests instead of applying them.
+    /// Print the rendered manifests instead of applying them (writes nothing, not
+    /// even the CA Secret).
     #[arg(long)]
     pub dry_run: bool,
-    /// Wait for the DaemonSets to be ready (`--wait=false` to return at once).
+    /// Wait for Deployment istiod to be available before applying cni and ztunnel,
+    /// then for their DaemonSets to be ready (`--wait=false` applies all at once).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub wait: bool,
-    /// How long to wait for readiness, e.g. 90s, 5m.
+    /// How long to wait for readiness in all, e.g. 90s, 5m.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub timeout: Duration,
 }
@@ -117,7 +125,8 @@ pub struct UninstallArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum CaCommand {
-    /// Create the `cacerts` Secret (Istio plug-in CA layout) from a fresh root or files.
+    /// Create the `cacerts` Secret (Istio plug-in CA layout) from a fresh self-signed
+    /// RSA-2048 root or files.
     Init(CaInitArgs),
 }
 
@@ -208,23 +217,6 @@ pub struct PrecheckArgs {
     pub skip_cluster: bool,
 }
 
-/// `500ms`, `30s`, `5m`, `1h`, or bare seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?} (e.g. 30s, 5m)"))?;
-    match unit {
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "ms" => Ok(Duration::from_millis(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("invalid duration unit in {s:?} (ms, s, m, h)")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,15 +225,5 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("x").is_err());
-        assert!(parse_duration("3d").is_err());
     }
 }

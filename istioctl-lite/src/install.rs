@@ -1,25 +1,37 @@
-//! `install` / `uninstall`: the charts rendered by helm, applied server-side, then a
-//! readiness wait on the DaemonSets with one progress line per DaemonSet.
+//! `install` / `uninstall`: the charts rendered by helm, applied server-side. Install
+//! makes sure the CA Secret exists, applies the control plane (istiod-lite) and waits
+//! for Deployment istiod, then applies cni and ztunnel and waits for their DaemonSets,
+//! with one live progress line per workload.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Namespace;
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::Client;
 
 use crate::apply::{unknown_kind, Outcome, Resolver, FIELD_MANAGER};
-use crate::charts::{self, describe};
+use crate::ca;
+use crate::charts::{self, describe, Rendered, CONTROL_PLANE};
 use crate::cli::{Global, InstallArgs, UninstallArgs};
 use crate::kubeclient;
 
 pub async fn install(global: &Global, args: &InstallArgs) -> Result<()> {
     let rendered = charts::render(&args.charts)?;
+    let ca_secret = CaSecret::from_rendered(&rendered, &args.charts.namespace);
     if args.dry_run {
         for r in &rendered {
             print!("{}", r.yaml);
+        }
+        if let Some(s) = &ca_secret {
+            eprintln!(
+                "note: install also creates Secret {}/{} with {} if it does not exist (not written by --dry-run)",
+                s.namespace,
+                s.name,
+                ca::fresh_root_description(&s.trust_domain)
+            );
         }
         return Ok(());
     }
@@ -32,27 +44,47 @@ pub async fn install(global: &Global, args: &InstallArgs) -> Result<()> {
         }
     }
     ensure_namespace(&client, &args.charts.namespace).await?;
-    let mut daemonsets = Vec::new();
-    for r in &rendered {
+    if let Some(s) = &ca_secret {
+        s.ensure(&client).await?;
+    }
+    let deadline = Instant::now() + args.timeout;
+    // The control plane first: ztunnel asks istiod for certificates as it starts.
+    let (control, data): (Vec<&Rendered>, Vec<&Rendered>) =
+        rendered.iter().partition(|r| r.chart == CONTROL_PLANE);
+    let workloads = apply_all(&resolver, &control).await?;
+    if args.wait {
+        wait_ready(&client, &workloads, deadline, args.timeout)
+            .await
+            .context("the control plane is not available, so cni and ztunnel were not applied")?;
+    }
+    let workloads = apply_all(&resolver, &data).await?;
+    if args.wait {
+        wait_ready(&client, &workloads, deadline, args.timeout).await?;
+        println!("✔ installation complete");
+    }
+    Ok(())
+}
+
+/// Applies every object of `charts`; returns the workloads to wait for.
+async fn apply_all(resolver: &Resolver, charts: &[&Rendered]) -> Result<Vec<Workload>> {
+    let mut workloads = Vec::new();
+    for r in charts {
         for obj in &r.objects {
             match resolver.apply(obj).await? {
                 // Already reported above.
-                Outcome::Unknown => {}
+                Outcome::Unknown => continue,
                 _ => println!("✔ {} applied ({})", describe(obj), r.chart),
             }
-            if is_daemonset(obj) {
-                daemonsets.push(obj.clone());
-            }
+            workloads.extend(Workload::of(obj));
         }
     }
-    if !args.wait {
-        return Ok(());
-    }
-    wait_ready(&client, &daemonsets, args.timeout).await
+    Ok(workloads)
 }
 
 pub async fn uninstall(global: &Global, args: &UninstallArgs) -> Result<()> {
     let rendered = charts::render(&args.charts)?;
+    let ca_secret = CaSecret::from_rendered(&rendered, &args.charts.namespace);
+    // Reverse install order: ztunnel, cni, then the control plane.
     let objects: Vec<&DynamicObject> = rendered
         .iter()
         .rev()
@@ -66,13 +98,24 @@ pub async fn uninstall(global: &Global, args: &UninstallArgs) -> Result<()> {
         return Ok(());
     }
     let client = kubeclient::client(global).await?;
-    let resolver = Resolver::new(client).await?;
+    let resolver = Resolver::new(client.clone()).await?;
     for obj in objects {
         match resolver.delete(obj).await? {
             Outcome::Done => println!("✔ {} deleted", describe(obj)),
             Outcome::Absent => println!("✔ {} already absent", describe(obj)),
             // Nothing of an unserved kind can exist.
             Outcome::Unknown => println!("✔ {} not served by the API server", describe(obj)),
+        }
+    }
+    // The CA outlives the install: deleting it would orphan every issued identity.
+    if let Some(s) = &ca_secret {
+        let api: Api<Secret> = Api::namespaced(client, &s.namespace);
+        if api.get_opt(&s.name).await?.is_some() {
+            println!(
+                "✔ Secret {ns}/{name} kept (the mesh CA; `kubectl -n {ns} delete secret {name}` removes it)",
+                ns = s.namespace,
+                name = s.name
+            );
         }
     }
     Ok(())
@@ -92,6 +135,81 @@ async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The plug-in CA Secret the control plane mounts, read from its rendered Deployment
+/// (so `--set istiod.caSecretName=…` and `istiod.trustDomain=…` are honoured).
+#[derive(Debug, PartialEq)]
+struct CaSecret {
+    namespace: String,
+    name: String,
+    trust_domain: String,
+}
+
+impl CaSecret {
+    fn from_rendered(rendered: &[Rendered], namespace: &str) -> Option<Self> {
+        let deployment = rendered
+            .iter()
+            .filter(|r| r.chart == CONTROL_PLANE)
+            .flat_map(|r| &r.objects)
+            .find(|o| kind(o) == "Deployment")?;
+        let pod = &deployment.data["spec"]["template"]["spec"];
+        let name = pod["volumes"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == "cacerts")?["secret"]["secretName"]
+            .as_str()?
+            .to_string();
+        let trust_domain = pod["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["env"].as_array().into_iter().flatten())
+            .find(|e| e["name"] == "TRUST_DOMAIN")
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or("cluster.local")
+            .to_string();
+        Some(CaSecret {
+            namespace: deployment
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| namespace.to_string()),
+            name,
+            trust_domain,
+        })
+    }
+
+    /// Istio's istiod self-signs when no `cacerts` exist; istiod-lite needs the Secret,
+    /// so install makes the same kind of root when there is none. An existing Secret
+    /// (a plugged-in CA) is never touched.
+    async fn ensure(&self, client: &Client) -> Result<()> {
+        let created =
+            ca::create_if_missing(client, &self.namespace, &self.name, &self.trust_domain).await?;
+        if created {
+            let (ns, name) = (&self.namespace, &self.name);
+            let plug_in = if name == ca::SECRET_NAME {
+                format!("istioctl-lite ca init -n {ns} --from-dir DIR --overwrite")
+            } else {
+                format!(
+                    "kubectl -n {ns} delete secret {name} && kubectl -n {ns} create secret generic {name} --from-file=DIR"
+                )
+            };
+            println!(
+                "✔ Secret {ns}/{name} created with {} (there was none; Istio's istiod self-signs likewise)",
+                ca::fresh_root_description(&self.trust_domain),
+            );
+            println!(
+                "  to plug in your own CA instead: `{plug_in}`, then `kubectl -n {ns} rollout restart deployment/istiod`"
+            );
+        } else {
+            println!(
+                "✔ Secret {}/{} present (the mesh CA; left as is)",
+                self.namespace, self.name
+            );
+        }
+        Ok(())
+    }
+}
+
 fn kind(obj: &DynamicObject) -> &str {
     obj.types
         .as_ref()
@@ -99,12 +217,62 @@ fn kind(obj: &DynamicObject) -> &str {
         .unwrap_or_default()
 }
 
-fn is_daemonset(obj: &DynamicObject) -> bool {
-    kind(obj) == "DaemonSet"
-}
-
 fn is_crd(obj: &DynamicObject) -> bool {
     kind(obj) == "CustomResourceDefinition"
+}
+
+/// A Deployment or DaemonSet the install waits for.
+#[derive(Debug, Clone, PartialEq)]
+struct Workload {
+    kind: WorkloadKind,
+    namespace: String,
+    name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum WorkloadKind {
+    Deployment,
+    DaemonSet,
+}
+
+impl Workload {
+    fn of(obj: &DynamicObject) -> Option<Self> {
+        let kind = match kind(obj) {
+            "Deployment" => WorkloadKind::Deployment,
+            "DaemonSet" => WorkloadKind::DaemonSet,
+            _ => return None,
+        };
+        Some(Workload {
+            kind,
+            namespace: obj
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: obj.metadata.name.clone().unwrap_or_default(),
+        })
+    }
+
+    fn label(&self) -> String {
+        let kind = match self.kind {
+            WorkloadKind::Deployment => "Deployment",
+            WorkloadKind::DaemonSet => "DaemonSet",
+        };
+        format!("{kind} {}/{}", self.namespace, self.name)
+    }
+
+    async fn progress(&self, client: &Client) -> Result<(bool, String)> {
+        Ok(match self.kind {
+            WorkloadKind::Deployment => {
+                let api: Api<Deployment> = Api::namespaced(client.clone(), &self.namespace);
+                deployment_line(api.get_opt(&self.name).await?.as_ref())
+            }
+            WorkloadKind::DaemonSet => {
+                let api: Api<DaemonSet> = Api::namespaced(client.clone(), &self.namespace);
+                ready_line(api.get_opt(&self.name).await?.as_ref())
+            }
+        })
+    }
 }
 
 /// Ready means every scheduled pod is ready, and at least one is scheduled.
@@ -116,31 +284,45 @@ pub fn ready_line(ds: Option<&DaemonSet>) -> (bool, String) {
     (done, format!("{ready}/{desired} ready"))
 }
 
+/// Available means as many available replicas as `spec.replicas` (readyReplicas when
+/// the server reports no availableReplicas), and at least one.
+pub fn deployment_line(d: Option<&Deployment>) -> (bool, String) {
+    let desired = d
+        .and_then(|d| d.spec.as_ref())
+        .and_then(|s| s.replicas)
+        .unwrap_or(1);
+    let status = d.and_then(|d| d.status.as_ref());
+    let available = status
+        .and_then(|s| s.available_replicas.or(s.ready_replicas))
+        .unwrap_or(0);
+    let done = d.is_some() && available >= desired.max(1);
+    (done, format!("{available}/{desired} available"))
+}
+
+/// Polls until every workload is ready, redrawing one line per workload in place on
+/// a terminal (appending changed states otherwise).
 async fn wait_ready(
     client: &Client,
-    daemonsets: &[DynamicObject],
+    workloads: &[Workload],
+    deadline: Instant,
     timeout: Duration,
 ) -> Result<()> {
     let tty = std::io::stderr().is_terminal();
-    let deadline = Instant::now() + timeout;
     let mut last: Vec<String> = Vec::new();
     loop {
         let mut lines = Vec::new();
-        let mut all_ready = true;
-        for obj in daemonsets {
-            let ns = obj.metadata.namespace.as_deref().unwrap_or("default");
-            let name = obj.metadata.name.as_deref().unwrap_or_default();
-            let api: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-            let ds = api.get_opt(name).await?;
-            let (done, text) = ready_line(ds.as_ref());
-            all_ready &= done;
+        let mut waiting = Vec::new();
+        for w in workloads {
+            let (done, text) = w.progress(client).await?;
+            if !done {
+                waiting.push(w);
+            }
             let mark = if done { "✔" } else { "…" };
-            lines.push(format!("{mark} DaemonSet {ns}/{name}: {text}"));
+            lines.push(format!("{mark} {}: {text}", w.label()));
         }
         if lines != last {
             let mut err = std::io::stderr().lock();
             if tty && !last.is_empty() {
-                // Redraw in place: one line per DaemonSet.
                 write!(err, "\x1b[{}A", last.len())?;
             }
             for line in &lines {
@@ -152,18 +334,21 @@ async fn wait_ready(
             }
             last = lines;
         }
-        if all_ready {
-            println!("✔ installation complete");
+        let Some(first) = waiting.first() else {
             return Ok(());
-        }
+        };
         if Instant::now() >= deadline {
+            let names: Vec<String> = waiting.iter().map(|w| w.label()).collect();
+            let hint = match first.kind {
+                WorkloadKind::Deployment => format!(
+                    "`kubectl -n {} describe deployment {}`",
+                    first.namespace, first.name
+                ),
+                WorkloadKind::DaemonSet => format!("`kubectl get pods -n {}`", first.namespace),
+            };
             bail!(
-                "timed out after {:?} waiting for the DaemonSets to be ready (see `kubectl get pods -n {}`)",
-                timeout,
-                daemonsets
-                    .first()
-                    .and_then(|d| d.metadata.namespace.as_deref())
-                    .unwrap_or("istio-system")
+                "timed out after {timeout:?} waiting for {} to be ready (see {hint})",
+                names.join(", ")
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -173,7 +358,7 @@ async fn wait_ready(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::apps::v1::DaemonSetStatus;
+    use k8s_openapi::api::apps::v1::{DaemonSetStatus, DeploymentSpec, DeploymentStatus};
 
     #[test]
     fn readiness_needs_all_scheduled_pods_and_at_least_one() {
@@ -189,5 +374,54 @@ mod tests {
         assert!(!ready_line(Some(&ds(0, 0))).0);
         assert!(!ready_line(Some(&ds(1, 2))).0);
         assert_eq!(ready_line(Some(&ds(2, 2))), (true, "2/2 ready".into()));
+    }
+
+    #[test]
+    fn deployment_availability_counts_available_else_ready_replicas() {
+        let d = |replicas, available, ready| Deployment {
+            spec: Some(DeploymentSpec {
+                replicas,
+                ..Default::default()
+            }),
+            status: Some(DeploymentStatus {
+                available_replicas: available,
+                ready_replicas: ready,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(!deployment_line(None).0);
+        assert_eq!(
+            deployment_line(Some(&d(Some(1), None, None))),
+            (false, "0/1 available".into())
+        );
+        assert!(deployment_line(Some(&d(Some(1), Some(1), Some(1)))).0);
+        assert!(deployment_line(Some(&d(Some(1), None, Some(1)))).0);
+        // Ready but not yet available (minReadySeconds): keep waiting.
+        assert!(!deployment_line(Some(&d(Some(2), Some(1), Some(2)))).0);
+        assert!(!deployment_line(Some(&d(Some(0), Some(0), None))).0);
+        assert_eq!(
+            deployment_line(Some(&d(None, Some(1), None))),
+            (true, "1/1 available".into())
+        );
+    }
+
+    #[test]
+    fn the_ca_secret_comes_from_the_rendered_deployment() {
+        let yaml = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: istiod\nspec:\n  template:\n    spec:\n      containers:\n        - name: discovery\n          env:\n            - name: TRUST_DOMAIN\n              value: example.org\n      volumes:\n        - name: cacerts\n          secret:\n            secretName: my-ca\n";
+        let rendered = vec![Rendered {
+            chart: CONTROL_PLANE,
+            yaml: yaml.into(),
+            objects: charts::parse_objects(yaml, "mesh").unwrap(),
+        }];
+        assert_eq!(
+            CaSecret::from_rendered(&rendered, "mesh"),
+            Some(CaSecret {
+                namespace: "mesh".into(),
+                name: "my-ca".into(),
+                trust_domain: "example.org".into(),
+            })
+        );
+        assert_eq!(CaSecret::from_rendered(&rendered[..0], "mesh"), None);
     }
 }

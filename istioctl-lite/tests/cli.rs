@@ -1,12 +1,12 @@
 //! Runs the real binary against the e2e crate's local API server (no controllers:
-//! the test plays the DaemonSet controller and the node agent by patching status and
-//! annotations).
+//! the test plays the Deployment and DaemonSet controllers and the node agent by
+//! patching status and annotations).
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 
@@ -89,6 +89,57 @@ async fn mark_ready(client: &Client, name: &str) {
         .unwrap();
 }
 
+/// What the Deployment controller reports once istiod's pod is up.
+async fn mark_available(client: &Client, name: &str) {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), "istio-system");
+    let status = serde_json::json!({"status": {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The certificate in `pem`, parsed.
+fn with_cert<T>(pem: &[u8], f: impl FnOnce(&x509_parser::certificate::X509Certificate) -> T) -> T {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    f(&cert)
+}
+
+/// A self-signed RSA CA certificate with O=`trust_domain`, and a PKCS#8 key.
+fn assert_rsa_root(
+    data: &std::collections::BTreeMap<String, k8s_openapi::ByteString>,
+    trust_domain: &str,
+) {
+    assert_eq!(data.len(), 4);
+    let key = String::from_utf8_lossy(&data["ca-key.pem"].0).into_owned();
+    assert!(key.starts_with("-----BEGIN PRIVATE KEY-----"), "{key}");
+    with_cert(&data["root-cert.pem"].0, |cert| {
+        assert!(cert.is_ca());
+        assert_eq!(cert.subject(), cert.issuer(), "self-signed");
+        assert_eq!(
+            cert.public_key().algorithm.algorithm,
+            x509_parser::oid_registry::OID_PKCS1_RSAENCRYPTION,
+            "RSA, as Istio's self-signed root"
+        );
+        let x509_parser::public_key::PublicKey::RSA(rsa) = cert.public_key().parsed().unwrap()
+        else {
+            panic!("not an RSA key");
+        };
+        assert_eq!(rsa.key_size(), 2048);
+        let org: Vec<&str> = cert
+            .subject()
+            .iter_organization()
+            .map(|o| o.as_str().unwrap())
+            .collect();
+        assert_eq!(org, [trust_domain]);
+    });
+    assert_eq!(data["ca-cert.pem"].0, data["root-cert.pem"].0);
+}
+
 #[tokio::test]
 async fn install_is_idempotent_waits_for_readiness_and_uninstalls() {
     if helm_missing() {
@@ -99,9 +150,22 @@ async fn install_is_idempotent_waits_for_readiness_and_uninstalls() {
 
     let out = run(k, &with(INSTALL, &["--wait=false"])).await;
     assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(
+        text.contains("Secret istio-system/cacerts created"),
+        "no CA existed, so install made one: {text}"
+    );
+    // The control plane goes first.
+    let first = |what: &str| text.find(what).unwrap_or_else(|| panic!("{what}: {text}"));
+    assert!(first("Deployment/istiod applied") < first("DaemonSet/istio-cni-node applied"));
+    assert!(first("Deployment/istiod applied") < first("DaemonSet/ztunnel applied"));
+
     let ds: Api<DaemonSet> = Api::namespaced(c.client.clone(), "istio-system");
+    let deploy: Api<Deployment> = Api::namespaced(c.client.clone(), "istio-system");
+    let svc: Api<Service> = Api::namespaced(c.client.clone(), "istio-system");
     let sa: Api<ServiceAccount> = Api::namespaced(c.client.clone(), "istio-system");
     let cm: Api<ConfigMap> = Api::namespaced(c.client.clone(), "istio-system");
+    let secrets: Api<Secret> = Api::namespaced(c.client.clone(), "istio-system");
     let ztunnel = ds.get("ztunnel").await.unwrap();
     let image = ztunnel.spec.unwrap().template.spec.unwrap().containers[0]
         .image
@@ -117,27 +181,94 @@ async fn install_is_idempotent_waits_for_readiness_and_uninstalls() {
         .await
         .unwrap();
 
-    // Idempotent: a second run converges on the same objects.
+    // The control plane: Deployment, Service, account and RBAC, and the CA it mounts.
+    let istiod = deploy.get("istiod").await.unwrap();
+    let pod = istiod.spec.unwrap().template.spec.unwrap();
+    let image = pod.containers[0].image.clone().unwrap();
+    assert!(
+        image.ends_with(":test"),
+        "--set reached istiod-lite: {image}"
+    );
+    let mounted = pod
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|v| v.secret.and_then(|s| s.secret_name));
+    assert_eq!(mounted.as_deref(), Some("cacerts"));
+    let ports: Vec<i32> = svc
+        .get("istiod")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .iter()
+        .map(|p| p.port)
+        .collect();
+    assert!(ports.contains(&15012), "{ports:?}");
+    sa.get("istiod").await.unwrap();
+    let roles: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster_role_resource());
+    let role = roles.get("istiod").await.unwrap();
+    let reviews_tokens = role.data["rules"].as_array().unwrap().iter().any(|r| {
+        r["apiGroups"] == serde_json::json!(["authentication.k8s.io"])
+            && r["resources"] == serde_json::json!(["tokenreviews"])
+            && r["verbs"].as_array().unwrap().contains(&"create".into())
+    });
+    assert!(reviews_tokens, "istiod may create TokenReviews: {role:?}");
+    let bindings: Api<DynamicObject> =
+        Api::all_with(c.client.clone(), &cluster_role_binding_resource());
+    bindings.get("istiod").await.unwrap();
+    let ca = secrets.get("cacerts").await.unwrap().data.unwrap();
+    assert_rsa_root(&ca, "cluster.local");
+
+    // Idempotent: a second run converges on the same objects and keeps the CA.
     let out = run(k, &with(INSTALL, &["--wait=false"])).await;
     assert!(out.status.success());
+    assert!(stdout(&out).contains("Secret istio-system/cacerts present"));
+    assert_eq!(secrets.get("cacerts").await.unwrap().data.unwrap(), ca);
 
-    // Nothing makes the DaemonSets ready: the wait times out cleanly.
+    // Nothing makes istiod available: the wait times out on it, before the data plane.
     let out = run(k, &with(INSTALL, &["--timeout", "2s"])).await;
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"));
+    let err = stderr(&out);
+    assert!(
+        err.contains("timed out") && err.contains("Deployment istio-system/istiod"),
+        "{err}"
+    );
+    assert!(
+        err.contains("… Deployment istio-system/istiod: 0/1 available"),
+        "{err}"
+    );
+    assert!(!stdout(&out).contains("DaemonSet/ztunnel applied"));
+
+    // istiod is up, the DaemonSets are not: the wait moves on and times out on them.
+    mark_available(&c.client, "istiod").await;
+    let out = run(k, &with(INSTALL, &["--timeout", "3s"])).await;
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("✔ Deployment istio-system/istiod: 1/1 available"),
+        "{err}"
+    );
+    assert!(
+        err.contains("timed out") && err.contains("DaemonSet istio-system/ztunnel"),
+        "{err}"
+    );
+    assert!(stdout(&out).contains("DaemonSet/ztunnel applied"));
 
     mark_ready(&c.client, "ztunnel").await;
     mark_ready(&c.client, "istio-cni-node").await;
     let out = run(k, &with(INSTALL, &["--timeout", "20s"])).await;
     assert!(out.status.success());
     assert!(stdout(&out).contains("installation complete"));
-    let progress = String::from_utf8_lossy(&out.stderr).into_owned();
+    let progress = stderr(&out);
     assert!(
-        progress.contains("DaemonSet istio-system/ztunnel: 1/1 ready"),
+        progress.contains("DaemonSet istio-system/ztunnel: 1/1 ready")
+            && progress.contains("Deployment istio-system/istiod: 1/1 available"),
         "{progress}"
     );
 
-    let roles: Api<DynamicObject> = Api::all_with(c.client.clone(), &cluster_role_resource());
     assert!(
         roles.get_opt("ztunnel").await.unwrap().is_some(),
         "RBAC is applied too"
@@ -151,6 +282,93 @@ async fn install_is_idempotent_waits_for_readiness_and_uninstalls() {
     assert!(sa.get_opt("istio-cni").await.unwrap().is_none());
     assert!(cm.get_opt("istio-cni-config").await.unwrap().is_none());
     assert!(roles.get_opt("ztunnel").await.unwrap().is_none());
+    assert!(deploy.get_opt("istiod").await.unwrap().is_none());
+    assert!(svc.get_opt("istiod").await.unwrap().is_none());
+    assert!(sa.get_opt("istiod").await.unwrap().is_none());
+    assert!(roles.get_opt("istiod").await.unwrap().is_none());
+    assert!(bindings.get_opt("istiod").await.unwrap().is_none());
+    // Never the CA: the identities it issued outlive a reinstall.
+    assert_eq!(secrets.get("cacerts").await.unwrap().data.unwrap(), ca);
+    assert!(stdout(&out).contains("Secret istio-system/cacerts kept"));
+}
+
+#[tokio::test]
+async fn install_keeps_a_plugged_in_ca_and_follows_the_chart_values() {
+    if helm_missing() {
+        return;
+    }
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "istio-system"}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let out = run(k, &["ca", "init", "--trust-domain", "corp.example"]).await;
+    assert!(out.status.success());
+    let secrets: Api<Secret> = Api::namespaced(c.client.clone(), "istio-system");
+    let plugged = secrets.get("cacerts").await.unwrap().data.unwrap();
+
+    let out = run(
+        k,
+        &with(
+            INSTALL,
+            &["--wait=false", "--set", "trustDomain=corp.example"],
+        ),
+    )
+    .await;
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("Secret istio-system/cacerts present"));
+    assert_eq!(
+        secrets.get("cacerts").await.unwrap().data.unwrap(),
+        plugged,
+        "an existing CA is never replaced"
+    );
+    // An unprefixed value goes to the charts that have it (not cni, whose schema
+    // would refuse it).
+    let deploy: Api<Deployment> = Api::namespaced(c.client.clone(), "istio-system");
+    let env = deploy
+        .get("istiod")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    let trust_domain = env.iter().find(|e| e.name == "TRUST_DOMAIN");
+    assert_eq!(
+        trust_domain.and_then(|e| e.value.as_deref()),
+        Some("corp.example")
+    );
+
+    // Another Secret name: install makes a root for it, in the chart's trust domain.
+    let out = run(
+        k,
+        &with(
+            INSTALL,
+            &[
+                "--wait=false",
+                "--set",
+                "istiod.caSecretName=plugged",
+                "--set",
+                "istiod.trustDomain=mesh.example",
+            ],
+        ),
+    )
+    .await;
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("Secret istio-system/plugged created"));
+    assert_rsa_root(
+        &secrets.get("plugged").await.unwrap().data.unwrap(),
+        "mesh.example",
+    );
 }
 
 fn cluster_role_resource() -> kube::api::ApiResource {
@@ -160,8 +378,15 @@ fn cluster_role_resource() -> kube::api::ApiResource {
     )
 }
 
+fn cluster_role_binding_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+        "clusterrolebindings",
+    )
+}
+
 #[tokio::test]
-async fn install_dry_run_prints_the_charts() {
+async fn install_dry_run_prints_the_charts_and_writes_nothing() {
     if helm_missing() {
         return;
     }
@@ -172,7 +397,19 @@ async fn install_dry_run_prints_the_charts() {
         text.contains("kind: DaemonSet")
             && text.contains("name: ztunnel")
             && text.contains("name: istio-cni-node")
+            && text.contains("kind: Deployment")
+            && text.contains("name: istiod")
     );
+    assert!(!text.contains("kind: Secret"), "the CA is not rendered");
+
+    let c = cluster().await;
+    let out = run(Some(&c.kubeconfig), &["install", "--dry-run"]).await;
+    assert!(out.status.success());
+    assert!(stderr(&out).contains("not written by --dry-run"));
+    let secrets: Api<Secret> = Api::namespaced(c.client.clone(), "istio-system");
+    assert!(secrets.get_opt("cacerts").await.unwrap().is_none());
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    assert!(namespaces.get_opt("istio-system").await.unwrap().is_none());
 }
 
 async fn make_pod(client: &Client, name: &str, annotation: Option<&str>, host_network: bool) {
@@ -301,21 +538,18 @@ async fn ca_init_creates_the_plugin_secret() {
     let out = run(k, &["ca", "init", "--from-dir", from]).await;
     assert!(out.status.success() && stdout(&out).contains("already exists"));
 
-    // A fresh root from the ztunnel binary built beside us (skipped if absent).
-    let ztunnel = Path::new(BIN).with_file_name("ztunnel");
-    if !ztunnel.is_file() {
-        eprintln!(
-            "skipped the fresh-root case: {} not built",
-            ztunnel.display()
-        );
-        return;
-    }
-    let out = run(k, &["ca", "init", "--overwrite"]).await;
+    // A fresh root, made in-process: RSA-2048, as Istio's self-signed root.
+    let out = run(
+        k,
+        &["ca", "init", "--overwrite", "--trust-domain", "example.org"],
+    )
+    .await;
     assert!(out.status.success());
+    assert!(stdout(&out).contains("RSA-2048"), "{}", stdout(&out));
     let data = secrets.get("cacerts").await.unwrap().data.unwrap();
     let root = String::from_utf8_lossy(&data["root-cert.pem"].0).into_owned();
     assert!(root.starts_with("-----BEGIN CERTIFICATE-----"), "{root}");
-    assert!(String::from_utf8_lossy(&data["ca-key.pem"].0).contains("PRIVATE KEY"));
+    assert_rsa_root(&data, "example.org");
 }
 
 #[tokio::test]

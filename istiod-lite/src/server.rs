@@ -140,3 +140,30 @@ pub fn incoming(
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn current(serving: &ServingCert) -> Arc<CertifiedKey> {
+        serving.current.read().unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn the_serving_certificate_is_renewed_before_it_expires() {
+        let ca = Arc::new(CertificateAuthority::generate_self_signed("cluster.local").unwrap());
+        let shutdown = CancellationToken::new();
+        let names = vec!["istiod.istio-system.svc".to_owned(), "10.1.0.1".to_owned()];
+        // CAs backdate not_before; a 2 s lifetime is renewed after ~1 s.
+        let serving = ServingCert::start(ca, names, Duration::from_secs(2), shutdown.clone())
+            .unwrap();
+        let first = current(&serving);
+        let (_, x509) = x509_parser::parse_x509_certificate(&first.cert[0]).unwrap();
+        let san = x509.subject_alternative_name().unwrap().unwrap();
+        assert_eq!(san.value.general_names.len(), 2, "a DNS name and an IP");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let second = current(&serving);
+        assert_ne!(first.cert[0], second.cert[0], "renewed at half-life");
+        shutdown.cancel();
+    }
+}

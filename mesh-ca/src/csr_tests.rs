@@ -178,3 +178,52 @@ fn mutated_requests_never_panic() {
     // A mutation that survives must still carry a valid signature: almost none do.
     assert!(accepted < 30, "{accepted} mutated requests were accepted");
 }
+
+/// What a CA client checks before it uses an answer.
+#[test]
+fn an_answer_is_used_only_for_the_identity_and_key_asked_for() {
+    let ca = CertificateAuthority::generate_self_signed("cluster.local").unwrap();
+    let (key, pem) = new_csr(&id("client")).unwrap();
+    let csr = CertificateRequest::parse_pem(&pem).unwrap();
+    let ttl = Duration::from_secs(600);
+
+    let right = ca.issue_for_key(csr.public_key(), &id("client"), ttl).unwrap();
+    let cert = crate::WorkloadCertificate::from_issued(
+        &id("client"),
+        right.chain.clone(),
+        right.roots.clone(),
+        key.clone_key(),
+    )
+    .unwrap();
+    assert_eq!(cert.serial, right.serial);
+
+    // Another identity than the one asked for.
+    let wrong_id = ca.issue_for_key(csr.public_key(), &id("admin"), ttl).unwrap();
+    let err = crate::WorkloadCertificate::from_issued(
+        &id("client"),
+        wrong_id.chain,
+        wrong_id.roots,
+        key.clone_key(),
+    )
+    .unwrap_err();
+    assert!(err.contains("not the identity asked for"), "{err}");
+
+    // Another key than the one sent.
+    let (_other_key, other_pem) = new_csr(&id("client")).unwrap();
+    let other = CertificateRequest::parse_pem(&other_pem).unwrap();
+    let wrong_key = ca.issue_for_key(other.public_key(), &id("client"), ttl).unwrap();
+    let err = crate::WorkloadCertificate::from_issued(
+        &id("client"),
+        wrong_key.chain,
+        wrong_key.roots,
+        key.clone_key(),
+    )
+    .unwrap_err();
+    assert!(err.contains("does not certify"), "{err}");
+
+    // A chain that does not reach the root it came with.
+    let stranger = CertificateAuthority::generate_self_signed("cluster.local").unwrap();
+    let err = crate::WorkloadCertificate::from_issued(&id("client"), right.chain, stranger.roots(), key)
+        .unwrap_err();
+    assert!(err.contains("does not verify"), "{err}");
+}

@@ -20,7 +20,7 @@ use crate::inpod::run_zds_client;
 use crate::inpod::statemanager::{PodProxies, PodRegistry, SharedInputs};
 use crate::metrics::Metrics;
 use crate::proxy::connections::ConnectionManager;
-use crate::proxy::{ListenAddrs, Listeners, LocalWorkload, ProxyInputs};
+use crate::proxy::{ListenAddrs, Listeners, LocalWorkload, OwnPorts, ProxyInputs};
 use crate::readiness::Readiness;
 use crate::socket::{LocalSocketFactory, SocketFactory};
 use crate::state::StateStore;
@@ -119,6 +119,7 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 drain: drain.clone(),
                 transparent_inbound: false,
                 cluster_id: config.cluster_id.clone(),
+                own_ports: OwnPorts::from_config(&config),
             });
         }
         ProxyMode::Shared => {
@@ -134,6 +135,7 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 trust_domain: config.trust_domain.clone(),
                 cluster_id: config.cluster_id.clone(),
                 drain_deadline: config.drain_deadline,
+                own_ports: OwnPorts::from_config(&config),
             };
             let pods = PodProxies::new(shared, registry.clone());
             info!(socket = %config.inpod_uds.display(), "waiting for the node agent over ZDS");
@@ -185,7 +187,7 @@ async fn start_kubernetes_discovery(
     };
     let ready = readiness.register("kubernetes discovery");
     kubernetes::start(client, opts, state.clone(), Some(ready), shutdown.clone());
-    info!("kubernetes discovery started: watching pods, services and authorizationpolicies");
+    info!("kubernetes discovery started: watching pods, services, authorizationpolicies and peerauthentications");
     Ok(())
 }
 

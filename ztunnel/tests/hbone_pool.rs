@@ -85,6 +85,7 @@ async fn start_server(certs: &SecretManager, bind: SocketAddr, echo: SocketAddr)
         drain: drain.clone(),
         transparent_inbound: false,
         cluster_id: "test".into(),
+        own_ports: Default::default(),
     };
     tokio::spawn(Inbound::new(inputs).run(listener));
     Server { hbone, echo, drain }

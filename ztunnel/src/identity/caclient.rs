@@ -304,3 +304,52 @@ async fn connect_marked(uri: Uri, mark: u32) -> std::io::Result<TokioIo<tokio::n
     }
     Err(last)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_ca_is_a_file_or_inline_pem_never_system() {
+        let ca = mesh_ca::CertificateAuthority::generate_self_signed("cluster.local").unwrap();
+        let pem = ca.roots_pem();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("root-cert.pem");
+        std::fs::write(&file, &pem).unwrap();
+        assert!(matches!(file.to_str().unwrap().parse(), Ok(RootCa::File(_))));
+        assert!(matches!(pem.parse(), Ok(RootCa::Pem(_))));
+        assert!("SYSTEM".parse::<RootCa>().is_err());
+        assert!("/no/such/file".parse::<RootCa>().is_err());
+        let garbage = RootCa::Pem("-----BEGIN CERTIFICATE-----\n!!\n".into());
+        assert!(garbage.pem().is_err());
+    }
+
+    #[test]
+    fn token_is_a_file_reread_each_time_or_a_literal() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("istio-token");
+        std::fs::write(&file, "first\n").unwrap();
+        let source = TokenSource::from_setting(file.to_str(), "/nonexistent");
+        assert_eq!(source.read().unwrap().as_deref(), Some("first"));
+        std::fs::write(&file, "rotated").unwrap();
+        assert_eq!(source.read().unwrap().as_deref(), Some("rotated"));
+        let literal = TokenSource::from_setting(Some("abc"), "/nonexistent");
+        assert_eq!(literal.read().unwrap().as_deref(), Some("abc"));
+        let default = TokenSource::from_setting(None, file.to_str().unwrap());
+        assert!(matches!(default, TokenSource::File(_)));
+        assert!(matches!(
+            TokenSource::from_setting(None, "/nonexistent"),
+            TokenSource::None
+        ));
+    }
+
+    #[test]
+    fn answers_without_leaf_and_root_are_refused() {
+        let id = Identity::new("cluster.local", "a", "b");
+        let (key, _) = mesh_ca::csr::new_csr(&id).unwrap();
+        let err = into_certificate(&id, vec![], key.clone_key()).unwrap_err();
+        assert_eq!(err.reason(), "bad_response");
+        let err = into_certificate(&id, vec!["junk".into(), "junk".into()], key).unwrap_err();
+        assert_eq!(err.reason(), "bad_response");
+    }
+}

@@ -18,7 +18,7 @@ use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
 use crate::metrics::Metrics;
 use crate::proxy::connections::ConnectionManager;
-use crate::proxy::{Listeners, LocalWorkload, ProxyInputs};
+use crate::proxy::{Listeners, LocalWorkload, OwnPorts, ProxyInputs};
 use crate::state::StateStore;
 
 /// What every pod's proxies share.
@@ -35,6 +35,8 @@ pub struct SharedInputs {
     pub cluster_id: String,
     /// How long a deleted pod's connections may take to finish.
     pub drain_deadline: Duration,
+    /// Ports no connection may be addressed to (loop protection).
+    pub own_ports: OwnPorts,
 }
 
 /// A pod as `/config_dump` shows it.
@@ -180,6 +182,7 @@ impl PodProxies {
             drain: drain.clone(),
             transparent_inbound: true,
             cluster_id: self.inputs.cluster_id.clone(),
+            own_ports: self.inputs.own_ports.clone(),
         });
         let summary = PodSummary {
             uid: uid.clone(),

@@ -3,7 +3,7 @@
 //!
 //! Answers follow Istio: 200 connected; 400 malformed authority or an authority that
 //! is not the address the connection reached; 401 denied by policy; 405 not CONNECT;
-//! 503 unknown workload or upstream failure.
+//! 503 unknown workload, a target port of ztunnel's own, or upstream failure.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -169,6 +169,15 @@ impl Inbound {
         if target.ip() != peer.local.ip() {
             info!(%target, reached = %peer.local, "refusing CONNECT for an address the connection did not reach");
             return refuse(&mut respond, StatusCode::BAD_REQUEST, "authority_mismatch");
+        }
+        if self.inputs.own_ports.contains(target.port()) {
+            // As Istio (its SelfCall error): 503. Dialing it would loop into ztunnel.
+            info!(%target, "refusing CONNECT to a ztunnel port");
+            return refuse(
+                &mut respond,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "self_call_hbone",
+            );
         }
         let state = &self.inputs.state;
         let Some(dst) = state

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
-use super::{is_proxy_port, ProxyInputs};
+use super::ProxyInputs;
 use crate::hbone::stream::copy_tcp;
 use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
 use crate::socket::{self, original_dst};
@@ -42,8 +42,9 @@ impl InboundPassthrough {
                 return;
             }
         };
-        if is_proxy_port(target.port()) {
-            metrics.error("loop_prevented");
+        if self.inputs.own_ports.contains(target.port()) {
+            info!(%target, src = %peer, "refusing plaintext connection to a ztunnel port");
+            metrics.error("self_call_inbound_plaintext");
             return;
         }
         let state = &self.inputs.state;
@@ -72,7 +73,8 @@ impl InboundPassthrough {
                 .connections_failed
                 .get_or_create(&denied_labels)
                 .inc();
-            metrics.error("policy_denied");
+            // `strict_mtls` when a STRICT PeerAuthentication refused plaintext.
+            metrics.error(denied.reason());
             return;
         }
         let source_ip = self.inputs.transparent_inbound.then_some(peer.ip());

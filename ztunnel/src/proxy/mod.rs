@@ -6,8 +6,14 @@ pub mod inbound;
 pub mod inbound_passthrough;
 pub mod outbound;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+use shared_types::constants::{
+    DNS_CAPTURE_PORT, HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_CAPTURE_PORT,
+    ZTUNNEL_ADMIN_PORT, ZTUNNEL_METRICS_PORT, ZTUNNEL_READINESS_PORT,
+};
 
 use tokio::net::TcpListener;
 use tracing::{info, warn};
@@ -49,6 +55,8 @@ pub struct ProxyInputs {
     /// Deliver inbound traffic from the original client's IP (in-pod mode).
     pub transparent_inbound: bool,
     pub cluster_id: String,
+    /// Ports no connection may be addressed to (loop protection).
+    pub own_ports: OwnPorts,
 }
 
 impl ProxyInputs {
@@ -135,7 +143,69 @@ where
     tracing::debug!(proxy = name, "listener stopped");
 }
 
-/// True for the proxy's own ports, which must never be a destination (loops).
-pub fn is_proxy_port(port: u16) -> bool {
-    shared_types::constants::PROXY_PORTS.contains(&port)
+/// The ports ztunnel itself listens on, which are never a connection's destination.
+///
+/// Istio's ztunnel refuses its proxy ports (15001, 15006, 15008): a connection addressed
+/// to one would loop into ztunnel, or nest HBONE in HBONE. We also refuse the admin
+/// (15000), metrics (15020), readiness (15021) and DNS (15053) ports, plus whatever ports
+/// the configuration moved these listeners to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnPorts(Arc<BTreeSet<u16>>);
+
+impl OwnPorts {
+    /// Istio's well-known ztunnel ports.
+    pub const WELL_KNOWN: [u16; 7] = [
+        ZTUNNEL_ADMIN_PORT,
+        OUTBOUND_CAPTURE_PORT,
+        INBOUND_PLAINTEXT_PORT,
+        HBONE_PORT,
+        ZTUNNEL_METRICS_PORT,
+        ZTUNNEL_READINESS_PORT,
+        DNS_CAPTURE_PORT,
+    ];
+
+    /// The well-known ports plus `configured` (the ports the listeners are bound to).
+    pub fn new(configured: impl IntoIterator<Item = u16>) -> Self {
+        let mut ports: BTreeSet<u16> = Self::WELL_KNOWN.into_iter().collect();
+        ports.extend(configured.into_iter().filter(|p| *p != 0));
+        OwnPorts(Arc::new(ports))
+    }
+
+    /// The well-known ports and every listener port of `config`.
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self::new([
+            config.admin_addr.port(),
+            config.metrics_addr.port(),
+            config.readiness_addr.port(),
+            config.outbound_addr.port(),
+            config.inbound_addr.port(),
+            config.inbound_plaintext_addr.port(),
+        ])
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        self.0.contains(&port)
+    }
+}
+
+impl Default for OwnPorts {
+    fn default() -> Self {
+        Self::new([])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_ports_are_istios_plus_ops_dns_and_configured_ones() {
+        let ports = OwnPorts::default();
+        for port in [15000, 15001, 15006, 15008, 15020, 15021, 15053] {
+            assert!(ports.contains(port), "{port}");
+        }
+        assert!(!ports.contains(80) && !ports.contains(15009));
+        let moved = OwnPorts::new([16020, 0]);
+        assert!(moved.contains(16020) && moved.contains(15020) && !moved.contains(0));
+    }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
-use super::{is_proxy_port, ProxyInputs};
+use super::ProxyInputs;
 use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
 use crate::hbone::stream::{copy_bidirectional, copy_tcp};
 use crate::identity::Identity;
@@ -79,11 +79,10 @@ impl Outbound {
                 return;
             }
         };
-        if is_proxy_port(orig_dst.port())
-            || Some(orig_dst) == client.local_addr().ok().map(socket::to_canonical)
-        {
+        let listener = client.local_addr().ok().map(socket::to_canonical);
+        if self.is_self_call(orig_dst, listener) {
             warn!(dst = %orig_dst, "refusing connection to a ztunnel port (loop)");
-            metrics.error("loop_prevented");
+            metrics.error("self_call_outbound");
             return;
         }
         let route = match self.route(orig_dst) {
@@ -127,6 +126,26 @@ impl Outbound {
                 self.passthrough(client, target, labels).await
             }
         }
+    }
+
+    /// A connection to ztunnel itself: its own listener, or one of its ports on a local
+    /// address (loopback, or the local workload's own IP). As Istio, a port of ours on
+    /// another host is not refused here: a mesh destination's ztunnel refuses it, and
+    /// anything else is not ours.
+    fn is_self_call(&self, dst: SocketAddr, listener: Option<SocketAddr>) -> bool {
+        if Some(dst) == listener {
+            return true;
+        }
+        if !self.inputs.own_ports.contains(dst.port()) {
+            return false;
+        }
+        let ip = dst.ip();
+        ip.is_loopback()
+            || ip.is_unspecified()
+            || self
+                .inputs
+                .local_workload()
+                .is_some_and(|w| w.workload_ips.contains(&ip))
     }
 
     fn route(&self, dst: SocketAddr) -> Option<Route> {

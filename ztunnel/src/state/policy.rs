@@ -327,6 +327,19 @@ impl fmt::Display for ConnectionAttrs {
     }
 }
 
+/// Istio's name for the policy that refuses plaintext under an effective STRICT
+/// PeerAuthentication (in the root namespace; workloads under STRICT list it).
+pub const STATIC_STRICT_POLICY: &str = "istio_converted_static_strict";
+/// Prefix of a PeerAuthentication converted with port-level exceptions.
+pub const CONVERTED_PEER_AUTHN_PREFIX: &str = "converted_peer_authentication_";
+
+/// Whether a policy key (`namespace/name`) names a converted PeerAuthentication, i.e. a
+/// denial by it is a STRICT mTLS refusal rather than an AuthorizationPolicy's.
+pub fn is_peer_authentication(key: &str) -> bool {
+    let name = key.rsplit_once('/').map_or(key, |(_, n)| n);
+    name == STATIC_STRICT_POLICY || name.starts_with(CONVERTED_PEER_AUTHN_PREFIX)
+}
+
 /// Why a connection was refused (HBONE answers 401, plaintext is closed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Denied {
@@ -334,6 +347,17 @@ pub enum Denied {
     ByDeny(String),
     #[error("no ALLOW policy matched")]
     NoAllowMatch,
+}
+
+impl Denied {
+    /// The `ztunnel_errors_total` reason: `strict_mtls` for a STRICT PeerAuthentication
+    /// refusing plaintext, `policy_denied` otherwise.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Denied::ByDeny(key) if is_peer_authentication(key) => "strict_mtls",
+            _ => "policy_denied",
+        }
+    }
 }
 
 #[cfg(test)]

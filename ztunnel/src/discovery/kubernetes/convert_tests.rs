@@ -258,10 +258,10 @@ fn build_is_sorted_and_deterministic() {
         ),
     ];
     let svcs = vec![svc_yaml(SVC)];
-    let one = build(&pods, &svcs, &[], &opts());
+    let one = build(&pods, &svcs, &[], &Default::default(), &opts());
     let mut reversed = pods.clone();
     reversed.reverse();
-    assert_eq!(one, build(&reversed, &svcs, &[], &opts()));
+    assert_eq!(one, build(&reversed, &svcs, &[], &Default::default(), &opts()));
     assert_eq!(one.workloads[0].name, "a");
     let state = one.to_state();
     let svc = state.service_by_vip("10.96.0.10".parse().unwrap()).unwrap();

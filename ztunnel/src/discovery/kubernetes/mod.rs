@@ -1,8 +1,9 @@
 //! Kubernetes-native discovery: workloads, services and policies straight from the API
 //! server, so a cluster without istiod still has a mesh.
 //!
-//! Watches Pods, Services and `security.istio.io/v1` AuthorizationPolicies (list and
-//! watch only, cluster-wide), converts them the way istiod does for ztunnel, and
+//! Watches Pods, Services and `security.istio.io/v1` AuthorizationPolicies and
+//! PeerAuthentications (list and watch only, cluster-wide), converts them the way
+//! istiod does for ztunnel, and
 //! publishes the result as the StateStore source "kubernetes". Namespaces, Nodes and
 //! EndpointSlices are not watched: service endpoints come from Service selectors over
 //! pods (as istiod does for pods), and nothing here depends on namespace labels.
@@ -11,6 +12,7 @@
 //! every kind has been listed once, so proxies never see pods without their policies.
 
 pub mod convert;
+pub mod peer_authn;
 pub mod policy;
 mod policy_spec;
 mod snapshot;
@@ -123,7 +125,7 @@ pub fn start(
     cancel: CancellationToken,
 ) -> KubernetesDiscovery {
     let changes = signal::Sender::new(0u64);
-    let kinds: [Arc<AtomicBool>; 3] = Default::default();
+    let kinds: [Arc<AtomicBool>; 4] = Default::default();
     let progress = |i: usize| Progress {
         changes: changes.clone(),
         synced: kinds[i].clone(),
@@ -133,10 +135,13 @@ pub fn start(
     let services = Writer::<KubeService>::default();
     let ap = authorization_policy_resource();
     let policies = Writer::<DynamicObject>::new(ap.clone());
+    let pa = peer_authn::resource();
+    let peer_authns = Writer::<DynamicObject>::new(pa.clone());
     let stores = Stores {
         pods: pods.as_reader(),
         services: services.as_reader(),
         policies: policies.as_reader(),
+        peer_authentications: peer_authns.as_reader(),
     };
     let c = &cancel;
     watch::spawn(
@@ -155,13 +160,22 @@ pub fn start(
         progress(1),
         c.clone(),
     );
-    let ap_api = Api::<DynamicObject>::all_with(client, &ap);
+    let ap_api = Api::<DynamicObject>::all_with(client.clone(), &ap);
     watch::spawn(
         "authorizationpolicies",
         ap_api,
         policies,
         IfAbsent::Empty,
         progress(2),
+        c.clone(),
+    );
+    let pa_api = Api::<DynamicObject>::all_with(client, &pa);
+    watch::spawn(
+        "peerauthentications",
+        pa_api,
+        peer_authns,
+        IfAbsent::Empty,
+        progress(3),
         c.clone(),
     );
 
@@ -183,7 +197,7 @@ pub fn start(
 async fn run(
     mut rebuilder: Rebuilder,
     mut changes: signal::Receiver<u64>,
-    kinds: [Arc<AtomicBool>; 3],
+    kinds: [Arc<AtomicBool>; 4],
     ready: Option<BlockReady>,
     synced: signal::Sender<bool>,
     cancel: CancellationToken,

@@ -5,7 +5,7 @@
 //! then publishes only when the result differs from the last one, so pod status noise
 //! does not make proxies re-check live connections.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Service as KubeService};
@@ -15,6 +15,7 @@ use kube::ResourceExt;
 use tracing::{debug, info, warn};
 
 use super::convert::{self, ServiceInfo};
+use super::peer_authn::{self, Effective, PeerAuthentications};
 use super::policy::{self, ConvertedPolicy};
 use super::{Options, SOURCE};
 use crate::state::{Authorization, ProxyState, Service, StateStore, Workload};
@@ -25,6 +26,7 @@ pub struct Stores {
     pub pods: Store<Pod>,
     pub services: Store<KubeService>,
     pub policies: Store<DynamicObject>,
+    pub peer_authentications: Store<DynamicObject>,
 }
 
 /// Everything the source publishes, sorted by key so two builds compare equal.
@@ -52,10 +54,13 @@ impl Built {
 }
 
 /// Converts all objects. Pure: the same objects always give the same [`Built`].
+/// PeerAuthentications add, per workload, the policy keys of its effective mTLS mode
+/// (and the policies those keys name).
 pub fn build(
     pods: &[Arc<Pod>],
     services: &[Arc<KubeService>],
     policies: &[ConvertedPolicy],
+    peer_authns: &PeerAuthentications,
     opts: &Options,
 ) -> Built {
     let services: Vec<ServiceInfo> = services
@@ -69,19 +74,43 @@ pub fn build(
             .or_default()
             .push(s);
     }
+    // Policies converted from PeerAuthentications, by key.
+    let mut converted: BTreeMap<String, Authorization> = BTreeMap::new();
+    if !peer_authns.is_empty() {
+        // istiod publishes the static policy whenever any PeerAuthentication exists.
+        let strict = peer_authns.static_strict();
+        converted.insert(strict.key(), strict);
+    }
     let mut workloads: Vec<Workload> = pods
         .iter()
         .filter_map(|p| {
             let ns = p.metadata.namespace.as_deref().unwrap_or_default();
             let services = by_namespace.get(ns).map(Vec::as_slice).unwrap_or_default();
-            convert::pod(p, services, policies, opts)
+            let mut w = convert::pod(p, services, policies, opts)?;
+            let labels = p.metadata.labels.clone().unwrap_or_default();
+            let key = match peer_authns.effective(ns, &labels) {
+                Effective::Permissive => return Some(w),
+                Effective::Strict => peer_authns.static_strict().key(),
+                Effective::Ports(policy) => {
+                    let key = policy.key();
+                    converted.insert(key.clone(), policy);
+                    key
+                }
+            };
+            w.authorization_policies.push(key);
+            w.authorization_policies.sort();
+            w.authorization_policies.dedup();
+            Some(w)
         })
         .collect();
     workloads.sort_by(|a, b| a.uid.cmp(&b.uid));
     let mut services: Vec<Service> = services.into_iter().map(|s| s.service).collect();
     services.sort_by_key(Service::key);
-    let mut policies: Vec<Authorization> =
-        policies.iter().map(|p| p.authorization.clone()).collect();
+    let mut policies: Vec<Authorization> = policies
+        .iter()
+        .map(|p| p.authorization.clone())
+        .chain(converted.into_values())
+        .collect();
     policies.sort_by_key(Authorization::key);
     Built {
         workloads,
@@ -98,6 +127,8 @@ pub struct Rebuilder {
     last: Option<Built>,
     /// `namespace/name@resourceVersion` of policies whose problems were logged.
     logged: HashSet<String>,
+    /// The same for PeerAuthentications.
+    logged_peer_authns: HashSet<String>,
 }
 
 impl Rebuilder {
@@ -108,16 +139,19 @@ impl Rebuilder {
             state,
             last: None,
             logged: HashSet::new(),
+            logged_peer_authns: HashSet::new(),
         }
     }
 
     /// Publishes the current objects; false when nothing changed since the last call.
     pub fn rebuild(&mut self) -> bool {
         let policies = self.convert_policies();
+        let peer_authns = self.convert_peer_authentications();
         let built = build(
             &self.stores.pods.state(),
             &self.stores.services.state(),
             &policies,
+            &peer_authns,
             &self.opts,
         );
         if self.last.as_ref() == Some(&built) {
@@ -185,5 +219,28 @@ impl Rebuilder {
         // Forget deleted and superseded versions.
         self.logged = seen;
         out
+    }
+
+    fn convert_peer_authentications(&mut self) -> PeerAuthentications {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for obj in self.stores.peer_authentications.state() {
+            let key = format!(
+                "PeerAuthentication {}/{}@{}",
+                obj.namespace().unwrap_or_default(),
+                obj.name_any(),
+                obj.resource_version().unwrap_or_default()
+            );
+            match peer_authn::parse(&obj) {
+                Ok(pa) => out.push(pa),
+                Err(e) if !self.logged_peer_authns.contains(&key) => {
+                    warn!(policy = %key, "PeerAuthentication ignored: {e}")
+                }
+                Err(_) => {}
+            }
+            seen.insert(key);
+        }
+        self.logged_peer_authns = seen;
+        PeerAuthentications::new(out, &self.opts.root_namespace)
     }
 }
