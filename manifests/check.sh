@@ -149,7 +149,7 @@ cp_ctr="$cp_pod.containers[name=discovery]"
 cp_env="$cp_ctr.env"
 combos=(
   # --- cni
-  "cni||$cni_cm.ISTIO_OWNED_CNI_CONFIG=false; $cni_cm.CNI_UNINSTALL_ON_EXIT=false; $cni_ctr.env[name=CNI_AGENT_RUN_DIR].value=/var/run/istio-cni; $cni_ctr.env[name=CNI_NET_DIR].value=/host/etc/cni/net.d; $cni_ctr.env[name=CNI_BIN_DIR].value=/host/opt/cni/bin; $cni_cm.EXCLUDE_NAMESPACES=kube-system; $cni_ds.hostNetwork=true; $cni_ds.volumes[name=cni-bin-dir].hostPath.path=/opt/cni/bin; $cni_ds.volumes[name=cni-net-dir].hostPath.path=/etc/cni/net.d; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPropagation=HostToContainer; $cni_ctr.securityContext.capabilities.add.3=SYS_PTRACE; !$cni_ctr.securityContext.capabilities.add.4; $cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS].value=/var/run/ztunnel/ztunnel.sock; $cni_ctr.livenessProbe.httpGet.path=/healthz; $cni_ctr.readinessProbe.httpGet.port=8000; DaemonSet/istio-cni-node:spec.updateStrategy.rollingUpdate.maxUnavailable=1"
+  "cni||$cni_cm.ISTIO_OWNED_CNI_CONFIG=false; $cni_cm.CNI_UNINSTALL_ON_EXIT=false; $cni_ctr.env[name=CNI_AGENT_RUN_DIR].value=/var/run/istio-cni; $cni_ctr.env[name=CNI_NET_DIR].value=/host/etc/cni/net.d; $cni_ctr.env[name=CNI_BIN_DIR].value=/host/opt/cni/bin; $cni_cm.EXCLUDE_NAMESPACES=kube-system; $cni_cm.CNI_PLUGIN_PEER_UID=0; $cni_cm.ZTUNNEL_PEER_UID=0; $cni_ctr.env[name=CNI_NETNS_DIR].value=/var/run/netns; $cni_ds.volumes[name=cni-run-dir].hostPath.type=DirectoryOrCreate; $cni_ds.hostNetwork=true; $cni_ds.volumes[name=cni-bin-dir].hostPath.path=/opt/cni/bin; $cni_ds.volumes[name=cni-net-dir].hostPath.path=/etc/cni/net.d; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPropagation=HostToContainer; $cni_ctr.securityContext.capabilities.add.3=SYS_PTRACE; !$cni_ctr.securityContext.capabilities.add.4; $cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS].value=/var/run/ztunnel/ztunnel.sock; $cni_ctr.livenessProbe.httpGet.path=/healthz; $cni_ctr.readinessProbe.httpGet.port=8000; DaemonSet/istio-cni-node:spec.updateStrategy.rollingUpdate.maxUnavailable=1"
   "cni|--set chained=false|$cni_cm.ISTIO_OWNED_CNI_CONFIG=true; $cni_cm.ISTIO_OWNED_CNI_CONFIG_FILENAME=02-istio-cni.conflist"
   "cni|--set chained=false --set istioOwnedCNIConfigFileName=01-mesh.conflist|$cni_cm.ISTIO_OWNED_CNI_CONFIG_FILENAME=01-mesh.conflist"
   "cni|--set uninstallOnExit=true|$cni_cm.CNI_UNINSTALL_ON_EXIT=true"
@@ -168,6 +168,9 @@ combos=(
   "cni|-f platforms/k3d.yaml|$cni_ds.volumes[name=cni-bin-dir].hostPath.path=/var/lib/rancher/k3s/data/cni"
   "cni|-f platforms/k3d.yaml --set cniBinDir=/bin|$cni_ds.volumes[name=cni-bin-dir].hostPath.path=/bin"
   "cni|-f platforms/minikube.yaml|$cni_ds.volumes[name=cni-netns-dir].hostPath.path=/var/run/docker/netns; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPath=/var/run/docker/netns; $cni_ctr.env[name=CNI_NETNS_DIR].value=/var/run/docker/netns"
+  "cni|--set pluginPeerUid=1001|$cni_cm.CNI_PLUGIN_PEER_UID=1001; $cni_cm.ZTUNNEL_PEER_UID=0; $cni_ctr.securityContext.capabilities.add.4=CHOWN"
+  "cni|--set ambient.ztunnelPeerUid=1337|$cni_cm.ZTUNNEL_PEER_UID=1337; $cni_cm.CNI_PLUGIN_PEER_UID=0; $cni_ctr.securityContext.capabilities.add.4=CHOWN"
+  "cni|--set ambient.enabled=false --set ambient.ztunnelPeerUid=1337|!$cni_cm.ZTUNNEL_PEER_UID; !$cni_ctr.securityContext.capabilities.add"
   "cni|-f platforms/microk8s.yaml|$cni_ds.volumes[name=cni-net-dir].hostPath.path=/var/snap/microk8s/current/args/cni-network"
   # --- ztunnel
   "ztunnel||!$crd; $zt_ctr.env[name=DISCOVERY_SOURCE].value=kubernetes; !$zt_ctr.env[name=LOCAL_XDS_PATH]; !ConfigMap/ztunnel-local-config; ClusterRole/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=true; $zt_ctr.env[name=PROXY_MODE].value=shared; $zt_ctr.env[name=XDS_ADDRESS].value=; $zt_ctr.env[name=INPOD_UDS].value=/var/run/ztunnel/ztunnel.sock; $zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=25s; !$zt_ds.volumes[name=cacerts]; !$zt_mounts[name=cacerts]; !$zt_ctr.env[name=CA_CERTS_DIR]; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.expirationSeconds=43200; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.path=istio-token; $zt_mounts[name=istio-token].mountPath=/var/run/secrets/tokens; $zt_ds.volumes[name=istiod-ca-cert].configMap.name=istio-ca-root-cert; $zt_mounts[name=istiod-ca-cert].mountPath=/var/run/secrets/istio; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012; $zt_ctr.env[name=SECRET_TTL].value=24h; !$zt_ctr.env[name=WORKLOAD_CERT_TTL]; $zt_ctr.env[name=CLUSTER_ID].value=Kubernetes; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=Kubernetes; $zt_ds.serviceAccountName=ztunnel; $zt_ctr.readinessProbe.httpGet.path=/healthz/ready; $zt_ctr.ports[name=ztunnel-stats].containerPort=15020; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxSurge=1; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxUnavailable=0; $zt_ds.terminationGracePeriodSeconds=30; DaemonSet/ztunnel:spec.template.metadata.labels.app=ztunnel"
@@ -329,6 +332,8 @@ bad=(
   "cni|--set pluginLogLevel=verbose|/pluginLogLevel"
   "cni|--set istioOwnedCNIConfigFileName=istio.conf|/istioOwnedCNIConfigFileName"
   "cni|--set updateStrategy.type=Recreate|/updateStrategy/type"
+  "cni|--set pluginPeerUid=-1|/pluginPeerUid"
+  "cni|--set ambient.ztunnelPeerUid=root|/ambient/ztunnelPeerUid"
   "ztunnel|--set discovery.source=xds|/discovery/source"
   "ztunnel|--set crds.enabled=yes|/crds/enabled"
   "ztunnel|--set workloadCertTTL=1d|/workloadCertTTL"

@@ -9,8 +9,9 @@ use crate::engine::{self, AmbientConfig};
 use crate::health;
 use crate::install::watch::{self, WatchSettings};
 use crate::install::{InstallConfig, Installer};
+use crate::metrics::Metrics;
 use crate::readiness::Readiness;
-use crate::uds::{self, event::CmdAddHandler};
+use crate::uds::{self, event::CmdAddHandler, UdsAccess};
 use anyhow::Context;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub struct AgentConfig {
     pub install: InstallConfig,
     /// Where the sockets and the enablement state live.
     pub run_dir: PathBuf,
+    /// Admitted on the plugin sockets besides root (0: root only).
+    pub plugin_peer_uid: u32,
     /// Port of `/healthz` and `/readyz`.
     pub health_port: u16,
     /// On exit, take our entry and binary out of the node. Off by default: on an
@@ -59,12 +62,16 @@ pub async fn run(
     tracing::info!(address = %health.local_addr()?, "health probes listening");
     tokio::spawn(health::serve(health, readiness.clone(), serve_stop.clone()));
 
+    // One registry: the plugin sockets count refused peers into it. It is served on
+    // the metrics port by the engine (ambient mode).
+    let metrics = Metrics::new();
     // The engine keeps serving until the very end; its in-pod rules outlive us.
     let handler: Arc<dyn CmdAddHandler> = match &config.ambient {
         Some(ambient) => {
             let enroller = engine::start(
                 ambient,
                 config.run_dir.clone(),
+                metrics.clone(),
                 readiness.clone(),
                 serve_stop.clone(),
             )
@@ -73,7 +80,11 @@ pub async fn run(
         }
         None => handler,
     };
-    uds::start(&config.run_dir, handler, serve_stop.clone())?;
+    let access = UdsAccess {
+        peer_uid: config.plugin_peer_uid,
+        metrics,
+    };
+    uds::start(&config.run_dir, handler, &access, serve_stop.clone())?;
     let excluded = &config.install.settings.exclude_namespaces;
     let state = enablement::initial_state(&config.run_dir, excluded);
     enablement::write_state(&config.run_dir, &state).with_context(|| {

@@ -8,6 +8,7 @@ use crate::enablement;
 use crate::enroll::{EnrollConfig, Enroller};
 use crate::kube::{pod_key, Change, KubeCache};
 use crate::metrics::Metrics;
+use crate::peer::{PeerGate, SOCKET_ZDS};
 use crate::queue::{Backoff, WorkQueue};
 use crate::readiness::Readiness;
 use crate::redirect::{Backend, ProbeSnat, Redirector};
@@ -40,7 +41,11 @@ pub enum BackendChoice {
 pub struct AmbientConfig {
     pub node_name: String,
     pub zds_socket: PathBuf,
+    /// Admitted on the ZDS socket besides root (0: root only).
+    pub ztunnel_peer_uid: u32,
     pub host_proc: PathBuf,
+    /// `CNI_NETNS_DIR` (see [`EnrollConfig::netns_dir`]).
+    pub netns_dir: PathBuf,
     pub dns_capture: bool,
     pub ipv6: bool,
     pub reconcile_on_startup: bool,
@@ -50,16 +55,17 @@ pub struct AmbientConfig {
     pub selection: Selection,
 }
 
-/// Builds and starts everything; returns the engine for the CNI handler.
+/// Builds and starts everything; returns the engine for the CNI handler. `metrics`
+/// is the agent's registry (the plugin sockets count into it too); it is served here.
 pub async fn start(
     config: &AmbientConfig,
     run_dir: PathBuf,
+    metrics: Metrics,
     readiness: Readiness,
     cancel: CancellationToken,
 ) -> anyhow::Result<Enroller> {
     readiness.block(READY_KUBE_CACHES);
     readiness.block(READY_STARTUP_RECONCILE);
-    let metrics = Metrics::new();
     let listener = crate::health::bind(config.metrics_port)
         .await
         .with_context(|| format!("binding the metrics port {}", config.metrics_port))?;
@@ -82,12 +88,11 @@ pub async fn start(
         }
     };
 
-    let zds = ZdsServer::bind(&config.zds_socket)
+    let gate = PeerGate::new(SOCKET_ZDS, config.ztunnel_peer_uid, &metrics);
+    let zds = ZdsServer::bind(&config.zds_socket, gate)
         .with_context(|| format!("binding the ZDS socket {}", config.zds_socket.display()))?;
-    tokio::spawn({
-        let (zds, cancel) = (zds.clone(), cancel.clone());
-        async move { zds.run(cancel).await }
-    });
+    // Served only after the startup restore (in startup_and_watch): a ztunnel that
+    // connects earlier would get an empty snapshot and stop serving every pod.
     let client = ::kube::Client::try_default()
         .await
         .context("configuring the Kubernetes client")?;
@@ -98,6 +103,7 @@ pub async fn start(
         EnrollConfig {
             selection: config.selection.clone(),
             host_proc: config.host_proc.clone(),
+            netns_dir: config.netns_dir.clone(),
             dns_capture: config.dns_capture,
             ipv6: config.ipv6,
             cni_event_timeout: config.cni_event_timeout,
@@ -193,6 +199,12 @@ async fn startup_and_watch(
     write_enablement(&e, &run_dir);
     let restored = e.restore(repair).await;
     tracing::info!(restored, "startup reconcile done");
+    // Now the first snapshot a ztunnel gets names every enrolled pod (as Istio builds
+    // its snapshot before it starts its ZDS server).
+    tokio::spawn({
+        let (zds, cancel) = (e.zds.clone(), cancel.clone());
+        async move { zds.run(cancel).await }
+    });
     for pod in e.kube.pods() {
         e.queue.add(&pod_key(&pod));
     }

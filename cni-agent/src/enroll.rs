@@ -1,10 +1,16 @@
 //! Enrolling and un-enrolling one pod, in Istio's order: netns, in-pod rules, probe
 //! SNAT, ZDS add (acked), then the `ambient.istio.io/redirection` annotation. Every step
 //! is idempotent, so a retry (work queue, kubelet retrying the sandbox) converges.
+//!
+//! A pod's netns is opened once, when it is enrolled, and held as that open file (as
+//! Istio does, compared by inode) for everything after: ZDS replay, rule repair and
+//! removal. A path is never reopened: `/proc/<pid>/ns/net` names another pod's netns
+//! once the pid is reused.
 
 use crate::eligibility::Selection;
 use crate::kube::{pod_key, KubeCache};
 use crate::metrics::Metrics;
+use crate::podlock::{PodLockGuard, PodLocks};
 use crate::queue::WorkQueue;
 use crate::redirect::{InpodRules, NetnsHandle, ProbeSnat, ProcScan, Redirector};
 use crate::zds::{EnrolledPod, ZdsError, ZdsServer};
@@ -19,7 +25,7 @@ use shared_types::constants::{
 use shared_types::zds::WorkloadInfo;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,6 +36,9 @@ pub const FAILURE_EVENT_REASON: &str = "AmbientEnrollmentFailed";
 pub enum EnrollError {
     #[error("the pod's network namespace was not found: {0}")]
     Netns(String),
+    /// The CNI ADD does not match the cluster (wrong node, UID, netns or IPs).
+    #[error("{0}")]
+    Refused(String),
     #[error("programming the pod's redirection failed: {0}")]
     Redirect(String),
     #[error("adding the pod to the probe SNAT set failed: {0}")]
@@ -45,6 +54,7 @@ impl EnrollError {
     pub fn reason(&self) -> &'static str {
         match self {
             EnrollError::Netns(_) => "netns_not_found",
+            EnrollError::Refused(_) => "cni_add_refused",
             EnrollError::Redirect(_) => "redirect_failed",
             EnrollError::Probe(_) => "probe_snat_failed",
             EnrollError::Zds(ZdsError::NotConnected(_)) => "ztunnel_not_connected",
@@ -61,6 +71,9 @@ pub struct EnrollConfig {
     pub selection: Selection,
     /// The host's `/proc` as mounted here (discovery, and `/proc/...` netns paths).
     pub host_proc: PathBuf,
+    /// `CNI_NETNS_DIR`: where the runtime bind-mounts pod netns files, mounted at the
+    /// same path here. A CNI event's netns must be a file in it or `/proc/<pid>/ns/net`.
+    pub netns_dir: PathBuf,
     pub dns_capture: bool,
     pub ipv6: bool,
     /// How long a CNI ADD may wait for enrollment.
@@ -71,7 +84,8 @@ pub struct EnrollConfig {
 #[derive(Debug, Clone)]
 pub struct Enrolled {
     pub uid: String,
-    pub netns: PathBuf,
+    /// Opened at enrollment and held until un-enrollment.
+    pub netns: Arc<NetnsHandle>,
     pub ips: Vec<IpAddr>,
     pub rules: InpodRules,
 }
@@ -87,7 +101,7 @@ pub struct Enroller {
     pub metrics: Metrics,
     pub queue: WorkQueue,
     enrolled: Arc<Mutex<HashMap<String, Enrolled>>>,
-    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    locks: PodLocks,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -140,17 +154,18 @@ impl Enroller {
             metrics,
             queue,
             enrolled: Arc::default(),
-            locks: Arc::default(),
+            locks: PodLocks::new(),
         }
     }
 
     /// Serializes work on one pod (CNI path and queue).
-    pub async fn pod_lock(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let m = lock(&self.locks)
-            .entry(key.to_string())
-            .or_default()
-            .clone();
-        m.lock_owned().await
+    pub async fn pod_lock(&self, key: &str) -> PodLockGuard {
+        self.locks.lock(key).await
+    }
+
+    /// Pod keys with a held or awaited lock (the map is pruned as locks are released).
+    pub fn pod_locks_len(&self) -> usize {
+        self.locks.len()
     }
 
     pub fn enrolled(&self, key: &str) -> Option<Enrolled> {
@@ -181,27 +196,23 @@ impl Enroller {
         }
     }
 
-    /// `/proc/<pid>/ns/net` from the runtime means the HOST's proc.
-    fn host_path(&self, path: &Path) -> PathBuf {
-        match path.strip_prefix("/proc") {
-            Ok(rest) if self.config.host_proc != Path::new("/proc") => {
-                self.config.host_proc.join(rest)
-            }
-            _ => path.to_path_buf(),
-        }
+    /// Where this process opens the netns a CNI event names: see
+    /// [`event_netns_path`].
+    pub fn event_netns_path(&self, raw: &str) -> Result<PathBuf, EnrollError> {
+        event_netns_path(raw, &self.config.netns_dir, &self.config.host_proc)
+            .map_err(EnrollError::Refused)
     }
 
-    /// Finds the netns: the CNI event's path, else a `/proc` scan.
-    pub async fn find_netns(
-        &self,
-        uid: &str,
-        hint: Option<&Path>,
-        ips: &[IpAddr],
-    ) -> Result<NetnsHandle, EnrollError> {
-        if let Some(path) = hint {
-            return NetnsHandle::open(self.host_path(path))
-                .map_err(|e| EnrollError::Netns(e.to_string()));
-        }
+    /// Opens the netns a CNI event names (see [`Enroller::event_netns_path`]).
+    pub fn open_event_netns(&self, raw: &str) -> Result<Arc<NetnsHandle>, EnrollError> {
+        let path = self.event_netns_path(raw)?;
+        NetnsHandle::open(&path)
+            .map(Arc::new)
+            .map_err(|e| EnrollError::Netns(e.to_string()))
+    }
+
+    /// Finds a running pod's netns through a `/proc` scan (no CNI event).
+    pub async fn find_netns(&self, uid: &str, ips: &[IpAddr]) -> Result<NetnsHandle, EnrollError> {
         let (proc_root, uid, ips) = (self.config.host_proc.clone(), uid.to_string(), ips.to_vec());
         let found = tokio::task::spawn_blocking(move || {
             ProcScan::new(&proc_root).and_then(|scan| scan.find(&uid, &ips))
@@ -214,18 +225,19 @@ impl Enroller {
             .ok_or_else(|| EnrollError::Netns("no process of the pod is running".into()))
     }
 
-    /// Enrolls `pod` (caller holds the pod lock). On a ztunnel failure the pod is
-    /// annotated `pending`; the caller reports the failure once it gives up
+    /// Enrolls `pod` (caller holds the pod lock) in `netns`, the one a CNI event named
+    /// (already checked), or else the one a `/proc` scan finds. On a ztunnel failure
+    /// the pod is annotated `pending`; the caller reports the failure once it gives up
     /// ([`Enroller::report_failure`]), so retries do not flood the pod's events.
     pub async fn enroll(
         &self,
         pod: &Pod,
-        hint: Option<&Path>,
+        netns: Option<&Arc<NetnsHandle>>,
         ips: &[IpAddr],
     ) -> Result<(), EnrollError> {
         let key = pod_key(pod);
         let started = Instant::now();
-        let result = self.enroll_steps(pod, &key, hint, ips).await;
+        let result = self.enroll_steps(pod, &key, netns, ips).await;
         match &result {
             Ok(()) => {
                 self.metrics.record(Ok(started.elapsed()));
@@ -246,11 +258,14 @@ impl Enroller {
         &self,
         pod: &Pod,
         key: &str,
-        hint: Option<&Path>,
+        netns: Option<&Arc<NetnsHandle>>,
         ips: &[IpAddr],
     ) -> Result<(), EnrollError> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let netns = self.find_netns(&uid, hint, ips).await?;
+        let netns = match netns {
+            Some(netns) => netns.clone(),
+            None => Arc::new(self.find_netns(&uid, ips).await?),
+        };
         let rules = self.rules_for(pod, ips);
         self.redirector
             .enable(&netns, &rules)
@@ -280,7 +295,7 @@ impl Enroller {
             key,
             Some(Enrolled {
                 uid,
-                netns: netns.path().to_path_buf(),
+                netns,
                 ips: ips.to_vec(),
                 rules,
             }),
@@ -289,14 +304,26 @@ impl Enroller {
     }
 
     /// Reverses [`Enroller::enroll`]; each step is tried even if one before failed.
+    /// `pod` is the pod as it still exists (opted out, or terminating); `None` when it
+    /// is gone (deleted, or replaced by a new pod of the same name): then its netns,
+    /// with the rules in it, goes away with its sandbox and is not entered.
     pub async fn unenroll(&self, key: &str, pod: Option<&Pod>, known: &Enrolled) {
         if let Err(e) = self.zds.del(&known.uid).await {
             tracing::info!(pod = %key, "ZDS del: {e}");
         }
-        if let Ok(netns) = NetnsHandle::open(&known.netns) {
-            if let Err(e) = self.redirector.disable(&netns, &known.rules).await {
+        // Through the fd held since enrollment: the pod's own netns, whatever runs at
+        // the pid its path once named.
+        if pod.is_some() {
+            if let Err(e) = self.redirector.disable(&known.netns, &known.rules).await {
                 tracing::warn!(pod = %key, "removing the pod's rules failed: {e}");
             }
+        } else {
+            tracing::info!(
+                pod = %key,
+                netns_inode = known.netns.inode(),
+                "the pod is gone: its network namespace and the redirection rules in it \
+                 go with its sandbox; releasing our handle"
+            );
         }
         if let Some(probe) = self.probe {
             let uid = known.uid.clone();
@@ -436,10 +463,14 @@ impl Enroller {
             let key = pod_key(&pod);
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let ips = pod_ips(&pod);
-            let netns = match self.find_netns(&uid, None, &ips).await {
-                Ok(netns) => netns,
+            let netns = match self.find_netns(&uid, &ips).await {
+                Ok(netns) => Arc::new(netns),
                 Err(e) => {
-                    tracing::warn!(pod = %key, "cannot restore: {e}");
+                    tracing::warn!(
+                        pod = %key,
+                        "cannot restore: {e}; if the pod's network namespace is gone, its \
+                         redirection rules went with it (it is enrolled again once it runs)"
+                    );
                     continue;
                 }
             };
@@ -452,19 +483,18 @@ impl Enroller {
                 }
             }
             let info = workload_info(&pod);
-            let path = netns.path().to_path_buf();
             self.zds.register(
                 &uid,
                 EnrolledPod {
                     info,
-                    netns: path.clone(),
+                    netns: Some(netns.clone()),
                 },
             );
             self.set_enrolled(
                 &key,
                 Some(Enrolled {
                     uid,
-                    netns: path,
+                    netns,
                     ips,
                     rules,
                 }),
@@ -472,6 +502,49 @@ impl Enroller {
             restored += 1;
         }
         restored
+    }
+}
+
+/// Where this process opens the netns a CNI event names: a file of `netns_dir`
+/// (`CNI_NETNS_DIR`, the runtime's bind mounts, mounted at the same path here), or
+/// `/proc/<pid>/ns/net`, which means the HOST's proc (`host_proc`, `HOST_PROC_DIR`).
+/// Any other path is refused, with the reason: the agent opens only pod netns files,
+/// wherever an event points. (Istio opens any path under its host mount.)
+pub fn event_netns_path(raw: &str, netns_dir: &Path, host_proc: &Path) -> Result<PathBuf, String> {
+    let refuse = |why: &str| {
+        format!(
+            "netns path {raw:?} {why}; accepted: a file in CNI_NETNS_DIR ({}) or /proc/<pid>/ns/net",
+            netns_dir.display()
+        )
+    };
+    let path = Path::new(raw);
+    let mut parts = Vec::new();
+    for (i, c) in path.components().enumerate() {
+        match c {
+            Component::RootDir if i == 0 => {}
+            Component::Normal(part) if i > 0 => parts.push(part),
+            _ => return Err(refuse("is not an absolute path without . or ..")),
+        }
+    }
+    if let [proc, pid, ns, net] = parts.as_slice() {
+        let pid = pid.to_str().and_then(|p| p.parse::<u32>().ok());
+        if let (true, Some(pid)) = (*proc == "proc" && *ns == "ns" && *net == "net", pid) {
+            return Ok(host_proc.join(pid.to_string()).join("ns/net"));
+        }
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(refuse("names no file"));
+    };
+    // `/run/netns` and `/var/run/netns` are one dir on most hosts.
+    let same_dir = dir == netns_dir
+        || matches!(
+            (std::fs::canonicalize(dir), std::fs::canonicalize(netns_dir)),
+            (Ok(a), Ok(b)) if a == b
+        );
+    if same_dir {
+        Ok(netns_dir.join(name))
+    } else {
+        Err(refuse("is outside CNI_NETNS_DIR"))
     }
 }
 
@@ -485,5 +558,39 @@ fn workload_info(pod: &Pod) -> WorkloadInfo {
             .as_ref()
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_else(|| "default".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_netns_paths_resolve_only_in_the_netns_dir_or_proc() {
+        let (dir, proc) = (Path::new("/var/run/netns"), Path::new("/host/proc"));
+        let ok = |raw: &str| event_netns_path(raw, dir, proc).unwrap();
+        assert_eq!(
+            ok("/var/run/netns/cni-1"),
+            Path::new("/var/run/netns/cni-1")
+        );
+        assert_eq!(ok("/proc/42/ns/net"), Path::new("/host/proc/42/ns/net"));
+        let err = |raw: &str| event_netns_path(raw, dir, proc).unwrap_err();
+        assert!(err("/tmp/cni-1").contains("outside CNI_NETNS_DIR"));
+        assert!(err("/var/run/netns/a/b").contains("outside CNI_NETNS_DIR"));
+        assert!(err("/var/run/netns/../netns/x").contains("without . or .."));
+        assert!(err("var/run/netns/x").contains("without . or .."));
+        assert!(err("/proc/self/ns/net").contains("outside CNI_NETNS_DIR"));
+        assert!(err("/proc/42/ns/mnt").contains("outside CNI_NETNS_DIR"));
+        assert!(err("/").contains("names no file"));
+        // The same dir through a symlink (`/var/run` -> `/run`) is the same dir.
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("netns");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), tmp.path().join("run")).unwrap();
+        let via_link = tmp.path().join("run/netns/cni-2");
+        assert_eq!(
+            event_netns_path(via_link.to_str().unwrap(), &real, proc).unwrap(),
+            real.join("cni-2")
+        );
     }
 }

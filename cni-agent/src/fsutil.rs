@@ -5,7 +5,7 @@
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -98,7 +98,7 @@ pub fn remove_if_exists(path: &Path) -> io::Result<bool> {
 }
 
 /// Creates `dir` (and parents) if missing; a directory we create gets exactly `mode`,
-/// an existing one is left as its owner set it.
+/// an existing one is left as its owner set it (the CNI dirs: the node's owner chose).
 pub fn ensure_dir(dir: &Path, mode: u32) -> io::Result<()> {
     if dir.is_dir() {
         return Ok(());
@@ -108,6 +108,73 @@ pub fn ensure_dir(dir: &Path, mode: u32) -> io::Result<()> {
         .mode(mode)
         .create(dir)?;
     fs::set_permissions(dir, Permissions::from_mode(mode))
+}
+
+/// Makes `dir` a directory of ours with exactly `mode`, whatever was there before:
+/// created if missing; if it exists (kubelet makes hostPath `DirectoryOrCreate` dirs
+/// 0755), it is taken over by our uid and gid and its mode is forced. Fails when that
+/// is impossible (e.g. another uid owns it and we lack `CAP_CHOWN`) rather than serve
+/// from a directory someone else controls.
+pub fn ensure_private_dir(dir: &Path, mode: u32) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)?;
+    let meta = fs::metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a directory", dir.display()),
+        ));
+    }
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if meta.uid() != uid || meta.gid() != gid {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "{} is owned by {}:{}, not by us ({uid}:{gid}), and taking it over failed: {e}",
+                    dir.display(),
+                    meta.uid(),
+                    meta.gid()
+                ),
+            )
+        })?;
+    }
+    // Also when it looks right already: chmod is cheap and clears setgid/sticky bits.
+    fs::set_permissions(dir, Permissions::from_mode(mode))
+}
+
+/// Binds the Unix socket `path` so that it never exists with a wider mode than `mode`:
+/// `bind` creates it inside a fresh 0700 staging directory beside `path` (nobody else
+/// can reach it there, whatever the umask), where it gets `mode` and, when given, the
+/// owner uid `owner`; then it is renamed into place, which also replaces a stale socket
+/// atomically. The staging directory is removed in every case.
+pub fn bind_private<T>(
+    path: &Path,
+    mode: u32,
+    owner: Option<u32>,
+    bind: impl FnOnce(&Path) -> io::Result<T>,
+) -> io::Result<T> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = path.parent().ok_or_else(|| no_parent(path))?;
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // Short: a Unix socket path is limited to 107 bytes.
+    let staging = dir.join(format!(".b{}.{n}", std::process::id()));
+    fs::DirBuilder::new().mode(0o700).create(&staging)?;
+    let result = (|| {
+        let temp = staging.join("s");
+        let bound = bind(&temp)?;
+        fs::set_permissions(&temp, Permissions::from_mode(mode))?;
+        if let Some(uid) = owner {
+            std::os::unix::fs::chown(&temp, Some(uid), None)?;
+        }
+        fs::rename(&temp, path)?;
+        Ok(bound)
+    })();
+    let _ = fs::remove_dir_all(&staging);
+    result
 }
 
 #[cfg(test)]
@@ -160,5 +227,43 @@ mod tests {
         fs::set_permissions(&run, Permissions::from_mode(0o755)).unwrap();
         ensure_dir(&run, 0o750).unwrap();
         assert_eq!(mode(&run), 0o755);
+    }
+
+    #[test]
+    fn private_dir_mode_is_forced_on_an_existing_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("a/run");
+        ensure_private_dir(&run, 0o700).unwrap();
+        assert_eq!(mode(&run), 0o700);
+        fs::set_permissions(&run, Permissions::from_mode(0o755)).unwrap();
+        ensure_private_dir(&run, 0o700).unwrap();
+        assert_eq!(mode(&run), 0o700);
+        let file = dir.path().join("file");
+        fs::write(&file, b"").unwrap();
+        assert!(ensure_private_dir(&file, 0o700).is_err());
+    }
+
+    #[test]
+    fn private_socket_gets_its_mode_and_replaces_a_stale_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let listener = bind_private(&path, 0o600, None, |p| {
+            std::os::unix::net::UnixListener::bind(p)
+        })
+        .unwrap();
+        assert_eq!(mode(&path), 0o600);
+        std::os::unix::net::UnixStream::connect(&path).unwrap();
+        listener.accept().unwrap();
+        // Only the socket is left behind, whatever happened.
+        let failed = bind_private(&dir.path().join("y.sock"), 0o600, None, |_| {
+            Err::<(), _>(io::Error::other("bind failed"))
+        });
+        assert!(failed.is_err());
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["x.sock"]);
     }
 }

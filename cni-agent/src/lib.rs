@@ -16,6 +16,8 @@ pub mod http_server;
 pub mod install;
 pub mod kube;
 pub mod metrics;
+pub mod peer;
+pub mod podlock;
 pub mod queue;
 pub mod readiness;
 pub mod redirect;

@@ -30,9 +30,14 @@ struct Args {
     #[arg(long, env = "CNI_BIN_DIR", default_value = DEFAULT_CNI_BIN_DIR)]
     cni_bin_dir: PathBuf,
     /// Run dir for the plugin sockets and the enablement state (as the host sees it:
-    /// the plugin is told this path).
+    /// the plugin is told this path). Forced to be root's with mode 0700 (0711 with
+    /// `--plugin-peer-uid`) at every start, even when it exists.
     #[arg(long, env = "CNI_AGENT_RUN_DIR", default_value = DEFAULT_CNI_RUN_DIR)]
     run_dir: PathBuf,
+    /// A uid admitted on the plugin sockets besides root (a runtime whose CNI plugins
+    /// run as that user); it then owns the 0600 sockets. 0: root only.
+    #[arg(long, env = "CNI_PLUGIN_PEER_UID", default_value_t = 0)]
+    plugin_peer_uid: u32,
     /// The plugin binary to install [default: `istio-cni` beside this executable].
     #[arg(long, env = "CNI_PLUGIN_BINARY")]
     plugin_binary: Option<PathBuf>,
@@ -77,12 +82,19 @@ struct Args {
     /// The ZDS socket ztunnel connects to.
     #[arg(long, env = "ZTUNNEL_UDS_ADDRESS", default_value = DEFAULT_ZDS_SOCKET)]
     ztunnel_uds_address: PathBuf,
+    /// A uid admitted on the ZDS socket besides root (ztunnel running as that user); it
+    /// then owns the 0600 socket. 0: root only.
+    #[arg(long, env = "ZTUNNEL_PEER_UID", default_value_t = 0)]
+    ztunnel_peer_uid: u32,
     /// The host's /proc as mounted here (pod netns discovery, `/proc/<pid>/ns/net` paths).
     #[arg(long, env = "HOST_PROC_DIR", default_value = "/proc")]
     host_proc_dir: PathBuf,
-    /// Where the runtime keeps netns files (informational: event paths open as given).
-    #[arg(long, env = "CNI_NETNS_DIR")]
-    cni_netns_dir: Option<PathBuf>,
+    /// Where the runtime bind-mounts pod netns files (as the host sees it, mounted at
+    /// the same path here; Istio's chart value `cniNetnsDir`). A CNI event's netns is
+    /// opened only if it is a file of this dir or `/proc/<pid>/ns/net` (then under
+    /// HOST_PROC_DIR); any other path is refused.
+    #[arg(long, env = "CNI_NETNS_DIR", default_value = "/var/run/netns")]
+    cni_netns_dir: PathBuf,
     /// Redirect DNS to ztunnel's DNS proxy (per pod: `ambient.istio.io/dns-capture`).
     #[arg(long, env = "AMBIENT_DNS_CAPTURE", num_args = 0..=1, default_value = "false",
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
@@ -144,7 +156,9 @@ impl Args {
             Some(AmbientConfig {
                 node_name,
                 zds_socket: absolute(&self.ztunnel_uds_address)?,
+                ztunnel_peer_uid: self.ztunnel_peer_uid,
                 host_proc: self.host_proc_dir,
+                netns_dir: absolute(&self.cni_netns_dir)?,
                 dns_capture: self.ambient_dns_capture,
                 ipv6: self.ambient_ipv6,
                 reconcile_on_startup: self.ambient_reconcile_pod_rules_on_startup,
@@ -160,7 +174,6 @@ impl Args {
         } else {
             None
         };
-        let _ = self.cni_netns_dir;
         Ok(AgentConfig {
             ambient,
             install: InstallConfig {
@@ -178,6 +191,7 @@ impl Args {
                 },
             },
             run_dir,
+            plugin_peer_uid: self.plugin_peer_uid,
             health_port: self.health_port,
             uninstall_on_exit: self.uninstall_on_exit,
             watch: Default::default(),

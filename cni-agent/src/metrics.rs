@@ -23,6 +23,12 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+/// Which of the agent's Unix sockets: `pluginevent`, `log` or `zds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SocketLabel {
+    pub socket: String,
+}
+
 /// Every metric the agent exports. Cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -32,6 +38,8 @@ pub struct Metrics {
     pub zds_connections: Gauge,
     pub queue_depth: Gauge,
     pub duration: Histogram,
+    /// Connections refused on a Unix socket because of the peer's credentials.
+    pub uds_peer_refused: Family<SocketLabel, Counter>,
     registry: Arc<Registry>,
 }
 
@@ -51,6 +59,7 @@ impl Metrics {
             Gauge::default(),
             Gauge::default(),
             Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            Family::<SocketLabel, Counter>::default(),
         );
         let r = &mut registry;
         r.register(
@@ -83,6 +92,11 @@ impl Metrics {
             "Time to enroll one pod",
             m.5.clone(),
         );
+        r.register(
+            "istio_cni_uds_peer_refused",
+            "Connections to the agent's Unix sockets refused for the peer's uid",
+            m.6.clone(),
+        );
         Metrics {
             pods_enrolled: m.0,
             enrollments: m.1,
@@ -90,6 +104,7 @@ impl Metrics {
             zds_connections: m.3,
             queue_depth: m.4,
             duration: m.5,
+            uds_peer_refused: m.6,
             registry: Arc::new(registry),
         }
     }
@@ -117,6 +132,15 @@ impl Metrics {
                     .inc();
             }
         }
+    }
+
+    /// How many connections to `socket` were refused so far.
+    pub fn peer_refusals(&self, socket: &str) -> u64 {
+        self.uds_peer_refused
+            .get_or_create(&SocketLabel {
+                socket: socket.into(),
+            })
+            .get()
     }
 
     /// The text exposition format.
@@ -156,6 +180,11 @@ mod tests {
         m.record(Ok(Duration::from_millis(3)));
         m.record(Err("ztunnel_not_connected"));
         m.pods_enrolled.set(1);
+        m.uds_peer_refused
+            .get_or_create(&SocketLabel {
+                socket: "zds".into(),
+            })
+            .inc();
         let text = m.encode();
         for name in [
             "istio_cni_pods_enrolled 1",
@@ -164,6 +193,7 @@ mod tests {
             "istio_cni_zds_connections 0",
             "istio_cni_queue_depth 0",
             "istio_cni_enrollment_duration_seconds_count 1",
+            "istio_cni_uds_peer_refused_total{socket=\"zds\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

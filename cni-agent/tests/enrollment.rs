@@ -26,6 +26,10 @@ use tokio_util::sync::CancellationToken;
 
 const NS: &str = "shop";
 
+fn root_gate() -> cni_agent::peer::PeerGate {
+    cni_agent::peer::PeerGate::new(cni_agent::peer::SOCKET_ZDS, 0, &Metrics::new())
+}
+
 fn owned_v4(pod: &Pod, backend: Backend) -> String {
     let set = InpodRules::default().rule_set(IpFamily::V4);
     let text = pod
@@ -160,7 +164,7 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
 
     let cancel = CancellationToken::new();
     let sock = dir.path().join("zds/ztunnel.sock");
-    let zds = ZdsServer::bind(&sock).unwrap();
+    let zds = ZdsServer::bind(&sock, root_gate()).unwrap();
     tokio::spawn({
         let (zds, cancel) = (zds.clone(), cancel.clone());
         async move { zds.run(cancel).await }
@@ -173,6 +177,7 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
         EnrollConfig {
             selection: Selection::default(),
             host_proc: "/proc".into(),
+            netns_dir: "/var/run/netns".into(),
             dns_capture: false,
             ipv6: false,
             cni_event_timeout: Duration::from_secs(3),
@@ -322,7 +327,7 @@ struct Agent {
 /// The agent's library pieces on ZDS socket `sock`, as `engine::start` wires them.
 async fn agent(client: &kube::Client, node: &str, sock: &Path, backend: Backend) -> Agent {
     let cancel = CancellationToken::new();
-    let zds = ZdsServer::bind(sock).unwrap();
+    let zds = ZdsServer::bind(sock, root_gate()).unwrap();
     tokio::spawn({
         let (zds, cancel) = (zds.clone(), cancel.clone());
         async move { zds.run(cancel).await }
@@ -334,6 +339,7 @@ async fn agent(client: &kube::Client, node: &str, sock: &Path, backend: Backend)
         EnrollConfig {
             selection: Selection::default(),
             host_proc: "/proc".into(),
+            netns_dir: "/var/run/netns".into(),
             dns_capture: false,
             ipv6: false,
             cni_event_timeout: Duration::from_secs(3),

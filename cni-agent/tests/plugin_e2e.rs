@@ -158,7 +158,7 @@ async fn plugin_add_reaches_the_agent_and_its_logs_come_back() {
         }
     });
     let cancel = CancellationToken::new();
-    uds::start(&run_dir, handler, cancel.clone()).unwrap();
+    uds::start(&run_dir, handler, &common::access(), cancel.clone()).unwrap();
     let netconf = installed_netconf(&node, &run_dir, prev_result());
 
     let run = run_plugin(&binary, &netconf, Pod("abc123", "web-0", "uid-1")).await;

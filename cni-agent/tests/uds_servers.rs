@@ -7,7 +7,7 @@ mod common;
 use cni_agent::health;
 use cni_agent::readiness::Readiness;
 use cni_agent::uds::{self, event::CmdAddError, event::CmdAddHandler};
-use common::{capture_subscriber, exchange, mode, Answer};
+use common::{access, capture_subscriber, exchange, mode, Answer};
 use shared_types::cni::CniPluginAddEvent;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -60,7 +60,7 @@ impl Agent {
         let run_dir = dir.path().join("run/istio-cni");
         let recorder = Recorder::default();
         let cancel = CancellationToken::new();
-        uds::start(&run_dir, recorder.handler(), cancel.clone()).unwrap();
+        uds::start(&run_dir, recorder.handler(), &access(), cancel.clone()).unwrap();
         Agent {
             _dir: dir,
             run_dir,
@@ -222,12 +222,42 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
 #[tokio::test]
 async fn run_dir_and_socket_modes() {
     let agent = Agent::start();
-    assert_eq!(mode(&agent.run_dir), 0o750);
+    let expected_dir = access().run_dir_mode();
+    assert_eq!(mode(&agent.run_dir), expected_dir);
+    assert!(expected_dir == 0o700 || expected_dir == 0o711);
     for socket in ["pluginevent.sock", "log.sock"] {
         let path = agent.run_dir.join(socket);
         assert!(std::fs::metadata(&path).unwrap().file_type().is_socket());
-        assert_eq!(mode(&path), 0o666, "{socket}");
+        assert_eq!(mode(&path), 0o600, "{socket}");
     }
+    // Nothing else was left in the run dir (the staging dirs are gone).
+    let mut names: Vec<_> = std::fs::read_dir(&agent.run_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["log.sock", "pluginevent.sock"]);
+}
+
+#[tokio::test]
+async fn an_existing_open_run_dir_is_closed_down() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("istio-cni");
+    // What kubelet makes of a `DirectoryOrCreate` hostPath.
+    std::fs::create_dir(&run_dir).unwrap();
+    std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cancel = CancellationToken::new();
+    uds::start(
+        &run_dir,
+        Recorder::default().handler(),
+        &access(),
+        cancel.clone(),
+    )
+    .unwrap();
+    assert_eq!(mode(&run_dir), access().run_dir_mode());
+    assert_eq!(mode(&run_dir.join("pluginevent.sock")), 0o600);
+    cancel.cancel();
 }
 
 #[tokio::test]
@@ -237,7 +267,13 @@ async fn stale_sockets_are_replaced_other_files_are_not() {
     // A previous agent's socket, nobody listening any more.
     drop(std::os::unix::net::UnixListener::bind(run_dir.join("pluginevent.sock")).unwrap());
     let cancel = CancellationToken::new();
-    uds::start(run_dir, Recorder::default().handler(), cancel.clone()).unwrap();
+    uds::start(
+        run_dir,
+        Recorder::default().handler(),
+        &access(),
+        cancel.clone(),
+    )
+    .unwrap();
     let stream = UnixStream::connect(run_dir.join("pluginevent.sock"))
         .await
         .unwrap();
@@ -254,6 +290,7 @@ async fn stale_sockets_are_replaced_other_files_are_not() {
     let err = uds::start(
         other.path(),
         Recorder::default().handler(),
+        &access(),
         CancellationToken::new(),
     )
     .unwrap_err();

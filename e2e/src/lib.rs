@@ -5,6 +5,7 @@
 //! later run can sweep what a crashed run left behind without touching anything else.
 
 pub mod apiserver;
+pub mod capture;
 pub mod cluster;
 pub mod mesh;
 pub mod netns;

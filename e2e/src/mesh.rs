@@ -13,7 +13,8 @@ use crate::workspace_binary;
 /// Writes a fresh mesh root in Istio's plug-in CA layout.
 pub fn ca_init(dir: &Path) -> Result<()> {
     // RSA-2048, as Istio's self-signed root (and `istioctl-lite ca init`).
-    let ca = mesh_ca::CertificateAuthority::generate_root("cluster.local", mesh_ca::RootKey::Rsa2048)?;
+    let ca =
+        mesh_ca::CertificateAuthority::generate_root("cluster.local", mesh_ca::RootKey::Rsa2048)?;
     ca.write(dir)?;
     Ok(())
 }

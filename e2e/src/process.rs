@@ -4,17 +4,40 @@ use anyhow::{Context, Result};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::cluster::sweep::{owner_marker, OWNER_ENV};
+
 /// A child process killed (by its own pid, never by name) when dropped.
 #[derive(Debug)]
 pub struct ChildGuard {
     name: String,
     child: Option<Child>,
+    /// The child leads its own process group, killed as a whole.
+    group: bool,
 }
 
 impl ChildGuard {
     /// Starts `cmd` with stdout and stderr captured into a log file under the system
-    /// temp dir, so failures can be diagnosed with [`ChildGuard::log`].
-    pub fn spawn(name: &str, mut cmd: Command) -> Result<Self> {
+    /// temp dir, so failures can be diagnosed with [`ChildGuard::log`]. Unless `cmd`
+    /// sets [`OWNER_ENV`] itself, the child is marked with this run's
+    /// [`owner_marker`], so leftovers can be found (and swept after a crash).
+    pub fn spawn(name: &str, cmd: Command) -> Result<Self> {
+        Self::start(name, cmd, false)
+    }
+
+    /// Like [`ChildGuard::spawn`], in a new process group that is killed as a whole:
+    /// for a command that starts children of its own (`sh -c …` forks `sleep`), which
+    /// would otherwise outlive it, keeping e.g. a deleted pod's network namespace.
+    pub fn spawn_group(name: &str, cmd: Command) -> Result<Self> {
+        Self::start(name, cmd, true)
+    }
+
+    fn start(name: &str, mut cmd: Command, group: bool) -> Result<Self> {
+        if !cmd.get_envs().any(|(k, _)| k == OWNER_ENV) {
+            cmd.env(OWNER_ENV, owner_marker());
+        }
+        if group {
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        }
         let log_path = Self::log_path_for(name);
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;
@@ -27,6 +50,7 @@ impl ChildGuard {
         Ok(ChildGuard {
             name: name.to_owned(),
             child: Some(child),
+            group,
         })
     }
 
@@ -67,9 +91,14 @@ impl ChildGuard {
         None
     }
 
-    /// Kills the process and reaps it.
+    /// Kills the process (with its process group, for [`ChildGuard::spawn_group`]) and
+    /// reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            if self.group {
+                // SAFETY: kill(2) on the process group our unreaped child leads.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            }
             let _ = child.kill();
             let _ = child.wait();
         }

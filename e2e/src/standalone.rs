@@ -155,8 +155,13 @@ impl Standalone {
     /// Rewrites the local config with `policies` (YAML list), write-then-rename as
     /// editors and ConfigMap updates do.
     pub fn set_policies(&self, policies: &str) -> Result<()> {
+        self.set_config(&local_config(policies))
+    }
+
+    /// Replaces the whole local config (both ztunnels read it), write-then-rename.
+    pub fn set_config(&self, yaml: &str) -> Result<()> {
         let tmp = self.config.with_extension("tmp");
-        std::fs::write(&tmp, local_config(policies))?;
+        std::fs::write(&tmp, yaml)?;
         std::fs::rename(&tmp, &self.config)?;
         Ok(())
     }

@@ -258,6 +258,48 @@ fn teardown_leaves_no_namespace_link_or_process() {
     );
 }
 
+#[test]
+fn a_deleted_pods_forked_processes_go_too() {
+    // `make demo` once left a client pod's `sleep 3600` behind, in the deleted pod's
+    // (now unnamed) network namespace: the container was `sh -c`, which forks its
+    // commands, and only the shell was killed.
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("frk").unwrap();
+    c.create_namespace("f", &[]).unwrap();
+    c.create_pod(
+        "f",
+        "sh",
+        1,
+        "default",
+        &[],
+        &["sh", "-c", "sleep 3600; true"],
+    )
+    .unwrap();
+    c.wait_pod_running("f", "sh", T).unwrap();
+    let marker = e2e::cluster::sweep::cluster_marker(&c.tag);
+    let sleep = || {
+        e2e::cluster::sweep::marked_processes(&marker)
+            .into_iter()
+            .find(|(_, cmd)| cmd == "sleep 3600")
+    };
+    let (pid, _) = wait_for("the forked sleep", T, sleep).unwrap();
+    c.delete_pod("f", "sh").unwrap();
+    wait_for("the sandbox to go", T, || {
+        c.pod("f", "sh").is_none().then_some(())
+    })
+    .unwrap();
+    c.settle();
+    wait_for("the forked sleep to die", Duration::from_secs(5), || {
+        (!process_alive(pid as u32)).then_some(())
+    })
+    .unwrap();
+    // And the cluster's drop checks no process with its marker is left.
+    drop(c);
+}
+
 fn process_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
@@ -563,7 +605,11 @@ fn twenty_ambient_pods_per_node_are_enrolled() {
 // ---------------------------------------------------------------- the mesh CA
 
 fn ztunnel_counter(c: &LocalCluster, node: u8, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metric_sum(&c.node(node).ztunnel_metrics().unwrap_or_default(), name, labels)
+    metric_sum(
+        &c.node(node).ztunnel_metrics().unwrap_or_default(),
+        name,
+        labels,
+    )
 }
 
 #[test]
@@ -575,7 +621,10 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     let mut c = mesh_cluster("ca");
 
     // No node holds the CA key: it is only in the control plane's cacerts.
-    assert_eq!(c.node_files_with_ca_key().unwrap(), Vec::<std::path::PathBuf>::new());
+    assert_eq!(
+        c.node_files_with_ca_key().unwrap(),
+        Vec::<std::path::PathBuf>::new()
+    );
 
     // Short-lived leaves: renewed at half-life (8 s), valid 16 s.
     for node in [1u8, 2] {
@@ -597,10 +646,13 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     );
     assert!(issued >= 2.0, "istiod-lite issued {issued} certificates");
 
-    let fetched = |c: &LocalCluster| ztunnel_counter(c, 1, "ztunnel_certificates_fetched_total", &[]);
+    let fetched =
+        |c: &LocalCluster| ztunnel_counter(c, 1, "ztunnel_certificates_fetched_total", &[]);
     let before = fetched(&c);
-    wait_for("a renewal before expiry", T, || (fetched(&c) > before).then_some(()))
-        .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
+    wait_for("a renewal before expiry", T, || {
+        (fetched(&c) > before).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
 
     // istiod-lite goes away: renewal fails, traffic goes on with the cached leaves.
     c.control_plane.stop_istiod();
@@ -620,7 +672,9 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     // Back: renewal resumes.
     let before = fetched(&c);
     c.control_plane.start_istiod().unwrap();
-    wait_for("renewal to resume", T, || (fetched(&c) > before).then_some(()))
-        .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
+    wait_for("renewal to resume", T, || {
+        (fetched(&c) > before).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
     send_ok(&c, "m", "client", &target, 5_000);
 }

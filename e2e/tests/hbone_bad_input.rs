@@ -49,6 +49,23 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
         "ip -o link show type veth | cut -d: -f2 | cut -d@ -f1",
     ])?;
     server.exec(&["ip", "addr", "add", "10.10.0.3/24", "dev", dev.trim()])?;
+    // Inbound capture as the in-pod rules do it: TCP to B goes to 15006, here only
+    // for port 15006 itself (so ztunnel sees an original destination that is its own).
+    server.exec(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-p",
+        "tcp",
+        "--dport",
+        "15006",
+        "-j",
+        "REDIRECT",
+        "--to-ports",
+        "15006",
+    ])?;
     let ztunnel = mesh::start_dedicated_ztunnel(&server, "vms/server-vm/server", &ca_dir, &config)?;
     let mut echo_cmd = server.command(mesh::binary("e2e-app")?.to_str().unwrap());
     echo_cmd.args(["echo", "--listen", "0.0.0.0:9000"]);
@@ -129,6 +146,15 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
                 status(&mut h2, Method::CONNECT, "10.10.0.2:1").await,
                 StatusCode::SERVICE_UNAVAILABLE
             );
+            // ztunnel's own ports: 503, as Istio. 15008 would otherwise loop into
+            // ztunnel's own HBONE listener (it listens on all addresses here).
+            for port in [15008, 15006, 15020, 15021] {
+                assert_eq!(
+                    status(&mut h2, Method::CONNECT, &format!("10.10.0.2:{port}")).await,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "CONNECT to ztunnel's port {port}"
+                );
+            }
 
             // After all that, a good request still works end to end.
             let request = Request::builder()
@@ -144,6 +170,17 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
             let mut body = response.into_body();
             let echoed = body.data().await.unwrap().unwrap();
             assert_eq!(&echoed[..], b"still alive");
+
+            // Plaintext straight at the inbound plaintext port: its original
+            // destination is ztunnel's own port, so it is refused, not looped.
+            let mut plain = TcpStream::connect("10.10.0.2:15006").await.unwrap();
+            let _ = plain.write_all(b"hello").await;
+            let mut buf = [0u8; 16];
+            let n = tokio::time::timeout(Duration::from_secs(5), plain.read(&mut buf))
+                .await
+                .expect("the plaintext connection is closed")
+                .unwrap_or(0);
+            assert_eq!(n, 0, "nothing answers on a loop");
         });
     })?;
 
@@ -155,6 +192,8 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
         "authority_mismatch",
         "unknown_workload",
         "upstream_connect",
+        "self_call_hbone",
+        "self_call_inbound_plaintext",
     ] {
         assert!(
             metric_sum(&metrics, "ztunnel_errors_total", &[("reason", reason)]) >= 1.0,
@@ -171,6 +210,183 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
     );
     drop(ztunnel);
     Ok(())
+}
+
+/// A waypoint-bound workload: its traffic must pass the waypoint's L7 policy, which
+/// this ztunnel cannot vouch for, so CONNECTs to it are refused (401) and counted.
+#[test]
+fn connect_to_a_waypoint_bound_workload_is_refused() -> Result<()> {
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let waypoint_bound = format!(
+        "{CONFIG}  waypoint:\n    destination: vms/waypoint.vms.svc.cluster.local\n    hboneMtlsPort: 15008\n"
+    );
+    let pair = Pair::new("wpb", &waypoint_bound)?;
+    let tls = pair.client_tls()?;
+    pair.client.run_inside(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let mut h2 = h2_session(tls, HBONE).await.expect("mTLS session");
+            assert_eq!(
+                status(&mut h2, Method::CONNECT, "10.10.0.2:9000").await,
+                StatusCode::UNAUTHORIZED
+            );
+        });
+    })?;
+    let metrics = ztunnel_metrics(&pair.server)?;
+    assert!(
+        metric_sum(
+            &metrics,
+            "ztunnel_errors_total",
+            &[("reason", "hbone_waypoint_required")]
+        ) >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        pair.ztunnel.log().contains("names a waypoint"),
+        "the local config loader warns: {}",
+        pair.ztunnel.log()
+    );
+    Ok(())
+}
+
+/// Many connections to the metrics port (it listens on all addresses) that never
+/// finish their request head: new scrapes are still served, the oldest slow ones are
+/// closed to make room, and any unfinished head is closed after the header timeout.
+#[test]
+fn slow_loris_on_the_metrics_port_does_not_stop_new_connections() -> Result<()> {
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let pair = Pair::new("lor", CONFIG)?;
+    pair.client.run_inside(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            const METRICS: &str = "10.10.0.2:15020";
+            let mut slow = Vec::new();
+            for _ in 0..200 {
+                let mut tcp = TcpStream::connect(METRICS).await.unwrap();
+                tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: ztunnel\r\nX-Slow: ")
+                    .await
+                    .unwrap();
+                slow.push(tcp);
+            }
+            let mut scrape = tokio::time::timeout(Duration::from_secs(3), async {
+                let mut tcp = TcpStream::connect(METRICS).await?;
+                tcp.write_all(
+                    b"GET /metrics HTTP/1.1\r\nHost: ztunnel\r\nConnection: close\r\n\r\n",
+                )
+                .await?;
+                let mut answer = String::new();
+                tcp.read_to_string(&mut answer).await?;
+                std::io::Result::Ok(answer)
+            })
+            .await
+            .expect("a scrape is answered during the slow-loris")
+            .unwrap();
+            assert!(scrape.starts_with("HTTP/1.1 200"), "{scrape}");
+            assert!(scrape.contains("istio_build"));
+            scrape.clear();
+            assert!(
+                closed_within(&mut slow[0], Duration::from_secs(3)).await,
+                "the oldest slow connection was closed to make room"
+            );
+            // A head never finished is closed after the header timeout (10 s).
+            let mut last = TcpStream::connect(METRICS).await.unwrap();
+            last.write_all(b"GET /metrics HTTP/1.1\r\nHo")
+                .await
+                .unwrap();
+            let started = std::time::Instant::now();
+            assert!(
+                closed_within(&mut last, Duration::from_secs(20)).await,
+                "an unfinished head is closed"
+            );
+            assert!(
+                started.elapsed() >= Duration::from_secs(5),
+                "{:?}",
+                started.elapsed()
+            );
+        });
+    })?;
+    // Still serving, and still ready.
+    ztunnel_metrics(&pair.server)?;
+    mesh::http_get(&pair.server, "http://127.0.0.1:15021/healthz/ready")?;
+    Ok(())
+}
+
+/// B (10.10.0.2) runs a dedicated ztunnel for `server-vm` with an echo app on 9000;
+/// A (10.10.0.1) has no ztunnel and talks to B's ports directly.
+struct Pair {
+    _echo: ChildGuard,
+    ztunnel: ChildGuard,
+    client: Netns,
+    server: Netns,
+    ca_dir: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Pair {
+    fn new(tag: &str, config: &str) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let ca_dir = dir.path().join("ca");
+        mesh::ca_init(&ca_dir)?;
+        let config_path = dir.path().join("config.yaml");
+        std::fs::write(&config_path, config)?;
+        let client = Netns::new(&format!("{tag}-c"))?;
+        let server = Netns::new(&format!("{tag}-s"))?;
+        link(&client, "10.10.0.1/24", &server, "10.10.0.2/24")?;
+        let ztunnel =
+            mesh::start_dedicated_ztunnel(&server, "vms/server-vm/server", &ca_dir, &config_path)?;
+        let mut echo_cmd = server.command(mesh::binary("e2e-app")?.to_str().unwrap());
+        echo_cmd.args(["echo", "--listen", "0.0.0.0:9000"]);
+        let echo = ChildGuard::spawn(&format!("{tag}-echo"), echo_cmd)?;
+        Ok(Pair {
+            _echo: echo,
+            ztunnel,
+            client,
+            server,
+            ca_dir,
+            _dir: dir,
+        })
+    }
+
+    /// A client config with a mesh certificate (vms/client), accepting any server.
+    fn client_tls(&self) -> Result<rustls::ClientConfig> {
+        let ca = CertificateAuthority::load(&self.ca_dir)?;
+        let cert = ca.issue(
+            &Identity::new("cluster.local", "vms", "client"),
+            Duration::from_secs(3600),
+        )?;
+        Ok(
+            rustls::ClientConfig::builder_with_provider(ztunnel::tls::crypto_provider())
+                .with_protocol_versions(&[&rustls::version::TLS13])?
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AcceptAnyServer))
+                .with_client_auth_cert(cert.chain.clone(), cert.private_key())?,
+        )
+    }
+}
+
+/// Waits for the server to close `tcp` (any bytes it sends first are ignored).
+async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(within, async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
 }
 
 async fn h2_session(

@@ -99,12 +99,17 @@ impl Cluster {
 
     fn start_ztunnel(&self, node: usize) -> Result<ChildGuard> {
         let dir = self.dir.path();
+        // The node names the local config gives the pods.
+        let node_name = format!("node{}", node + 1);
         mesh::start_shared_ztunnel(
             &self.nodes[node].ns,
             &self.agents[node].socket,
             &dir.join("ca"),
             &dir.join("config.yaml"),
-            &[("TERMINATION_GRACE_PERIOD", "1s")],
+            &[
+                ("TERMINATION_GRACE_PERIOD", "1s"),
+                ("NODE_NAME", &node_name),
+            ],
         )
     }
 
@@ -228,7 +233,14 @@ fn a_deleted_pod_is_drained_and_its_listeners_removed() -> Result<()> {
             .then_some(())
     })?;
 
+    assert!(
+        certificates(&cluster.nodes[1].ns)?.contains(&SERVER.to_string()),
+        "the served pod's leaf is cached"
+    );
     cluster.agents[1].del("uid-server")?;
+    // No other pod on node 2 has the server identity: its leaf is forgotten at once.
+    let left = certificates(&cluster.nodes[1].ns)?;
+    assert!(!left.contains(&SERVER.to_string()), "{left:?}");
     let ports = listening_ports(&cluster.server.ns)?;
     assert!(
         !ports.contains(":15008") && !ports.contains(":15001"),
@@ -252,6 +264,56 @@ fn a_deleted_pod_is_drained_and_its_listeners_removed() -> Result<()> {
     let dump = mesh::http_get(&cluster.nodes[1].ns, "http://127.0.0.1:15000/config_dump")?;
     let dump: serde_json::Value = serde_json::from_str(&dump)?;
     assert_eq!(dump["pods"].as_array().map(|p| p.len()), Some(0), "{dump}");
+    // Still forgotten once the drained connections are gone.
+    assert_eq!(
+        dump["certificates"].as_array().map(|c| c.len()),
+        Some(0),
+        "{dump}"
+    );
+    Ok(())
+}
+
+/// Identities (SPIFFE URIs) of the leaves ztunnel in `node` holds (`/config_dump`).
+fn certificates(node: &e2e::netns::Netns) -> Result<Vec<String>> {
+    let dump = mesh::http_get(node, "http://127.0.0.1:15000/config_dump")?;
+    let dump: serde_json::Value = serde_json::from_str(&dump)?;
+    Ok(dump["certificates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["identity"].as_str().map(str::to_owned))
+        .collect())
+}
+
+#[test]
+fn a_pod_of_another_node_is_refused() -> Result<()> {
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let cluster = Cluster::new("nod")?;
+    // Node 1's agent hands over the server pod, which discovery places on node 2.
+    let (answer, _) = cluster.agents[0].add(
+        "uid-server",
+        info(&cluster.server, "server"),
+        &cluster.server.ns.path(),
+    )?;
+    let reason = answer.expect_err("refused");
+    assert!(
+        reason.contains("node2") && reason.contains("NODE_NAME"),
+        "{reason}"
+    );
+    let node1 = ztunnel_metrics(&cluster.nodes[0].ns)?;
+    assert!(
+        metric_sum(
+            &node1,
+            "ztunnel_errors_total",
+            &[("reason", "zds_pod_on_other_node")]
+        ) >= 1.0,
+        "{node1}"
+    );
+    let dump = mesh::http_get(&cluster.nodes[0].ns, "http://127.0.0.1:15000/config_dump")?;
+    let dump: serde_json::Value = serde_json::from_str(&dump)?;
+    assert_eq!(dump["pods"].as_array().map(|p| p.len()), Some(2), "{dump}");
     Ok(())
 }
 

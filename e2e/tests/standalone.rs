@@ -249,3 +249,62 @@ fn sigterm_drains_in_flight_connections_and_refuses_new_ones() -> Result<()> {
     assert!(mesh.ztunnel_a.log().contains("draining"));
     Ok(())
 }
+
+#[test]
+fn traffic_to_a_waypoint_bound_service_or_workload_is_refused() -> Result<()> {
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let mesh = Standalone::new("wp")?;
+    let vip = format!("{SERVICE_VIP}:80");
+    let direct = format!("{SERVER_IP}:{SINK_PORT}");
+    assert_eq!(mesh.send(&vip, 10)?["bytes"], 10);
+    const WAYPOINT: &str =
+        "  waypoint:\n    destination: vms/waypoint.vms.svc.cluster.local\n    hboneMtlsPort: 15008\n";
+
+    // The service names a waypoint: connections to its VIP are refused (going
+    // around the waypoint would skip its L7 policy), the workload itself is not bound.
+    let service_bound = local_config("").replace(
+        "  hostname: echo.vms.svc.cluster.local\n",
+        &format!("  hostname: echo.vms.svc.cluster.local\n{WAYPOINT}"),
+    );
+    mesh.set_config(&service_bound)?;
+    wait_for("the service to be refused", Duration::from_secs(10), || {
+        mesh.send(&vip, 10).is_err().then_some(())
+    })?;
+    assert_eq!(mesh.send(&direct, 10)?["bytes"], 10);
+    let source = ztunnel_metrics(&mesh.a)?;
+    assert!(
+        metric_sum(
+            &source,
+            "ztunnel_errors_total",
+            &[("reason", "outbound_waypoint_required")]
+        ) >= 1.0,
+        "{source}"
+    );
+
+    // The workload names one too: direct connections are refused as well.
+    let workload_bound =
+        service_bound.replace("  node: vm-b\n", &format!("  node: vm-b\n{WAYPOINT}"));
+    mesh.set_config(&workload_bound)?;
+    wait_for(
+        "the workload to be refused",
+        Duration::from_secs(10),
+        || mesh.send(&direct, 10).is_err().then_some(()),
+    )?;
+    // Each ztunnel's local config loader said so, once per resource.
+    let log = mesh.ztunnel_a.log();
+    assert_eq!(
+        log.matches("does not support: its traffic is refused")
+            .count(),
+        2,
+        "one warning for the service, one for the workload:\n{log}"
+    );
+
+    // Without the waypoints, traffic flows again.
+    mesh.set_policies("")?;
+    wait_for("traffic without waypoints", Duration::from_secs(10), || {
+        mesh.send(&vip, 10).ok()
+    })?;
+    Ok(())
+}

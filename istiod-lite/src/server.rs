@@ -155,8 +155,8 @@ mod tests {
         let shutdown = CancellationToken::new();
         let names = vec!["istiod.istio-system.svc".to_owned(), "10.1.0.1".to_owned()];
         // CAs backdate not_before; a 2 s lifetime is renewed after ~1 s.
-        let serving = ServingCert::start(ca, names, Duration::from_secs(2), shutdown.clone())
-            .unwrap();
+        let serving =
+            ServingCert::start(ca, names, Duration::from_secs(2), shutdown.clone()).unwrap();
         let first = current(&serving);
         let (_, x509) = x509_parser::parse_x509_certificate(&first.cert[0]).unwrap();
         let san = x509.subject_alternative_name().unwrap().unwrap();

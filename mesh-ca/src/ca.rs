@@ -242,16 +242,7 @@ impl CertificateAuthority {
         lifetime: Duration,
         now: SystemTime,
     ) -> Result<WorkloadCertificate, CaError> {
-        if now >= self.not_after {
-            return Err(CaError::Expired {
-                not_after: display_time(self.not_after),
-            });
-        }
-        let not_after = now
-            .checked_add(lifetime)
-            .ok_or(CaError::Validity("lifetime too long"))?
-            .min(self.not_after);
-        let not_before = now.checked_sub(CLOCK_SKEW).unwrap_or(now);
+        let (not_before, not_after) = self.leaf_validity(now, lifetime)?;
         self.issue_with_validity(id, not_before, not_after)
     }
 
@@ -291,17 +282,7 @@ impl CertificateAuthority {
         id: &Identity,
         lifetime: Duration,
     ) -> Result<IssuedChain, CaError> {
-        let now = SystemTime::now();
-        if now >= self.not_after {
-            return Err(CaError::Expired {
-                not_after: display_time(self.not_after),
-            });
-        }
-        let not_after = now
-            .checked_add(lifetime)
-            .ok_or(CaError::Validity("lifetime too long"))?
-            .min(self.not_after);
-        let not_before = now.checked_sub(CLOCK_SKEW).unwrap_or(now);
+        let (not_before, not_after) = self.leaf_validity(SystemTime::now(), lifetime)?;
         let (chain, serial, _, not_after) =
             self.sign_leaf(public_key, workload_san(id)?, not_before, not_after)?;
         Ok(IssuedChain {
@@ -338,18 +319,32 @@ impl CertificateAuthority {
             source,
         };
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err)?;
-        let now = SystemTime::now();
-        let not_after = now
-            .checked_add(lifetime)
-            .ok_or(CaError::Validity("lifetime too long"))?
-            .min(self.not_after);
-        let not_before = now.checked_sub(CLOCK_SKEW).unwrap_or(now);
+        let (not_before, not_after) = self.leaf_validity(SystemTime::now(), lifetime)?;
         let (chain, _, _, not_after) = self.sign_leaf(&key, sans, not_before, not_after)?;
         Ok(ServingCertificate {
             chain,
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
             not_after,
         })
+    }
+
+    /// A leaf's validity from `now`: a minute back for late clocks, `lifetime`
+    /// ahead, never past the CA's own expiry.
+    fn leaf_validity(
+        &self,
+        now: SystemTime,
+        lifetime: Duration,
+    ) -> Result<(SystemTime, SystemTime), CaError> {
+        if now >= self.not_after {
+            return Err(CaError::Expired {
+                not_after: display_time(self.not_after),
+            });
+        }
+        let not_after = now
+            .checked_add(lifetime)
+            .ok_or(CaError::Validity("lifetime too long"))?
+            .min(self.not_after);
+        Ok((now.checked_sub(CLOCK_SKEW).unwrap_or(now), not_after))
     }
 
     /// The one place leaves are signed: the given SANs, empty subject, server and

@@ -187,7 +187,9 @@ fn an_answer_is_used_only_for_the_identity_and_key_asked_for() {
     let csr = CertificateRequest::parse_pem(&pem).unwrap();
     let ttl = Duration::from_secs(600);
 
-    let right = ca.issue_for_key(csr.public_key(), &id("client"), ttl).unwrap();
+    let right = ca
+        .issue_for_key(csr.public_key(), &id("client"), ttl)
+        .unwrap();
     let cert = crate::WorkloadCertificate::from_issued(
         &id("client"),
         right.chain.clone(),
@@ -198,7 +200,9 @@ fn an_answer_is_used_only_for_the_identity_and_key_asked_for() {
     assert_eq!(cert.serial, right.serial);
 
     // Another identity than the one asked for.
-    let wrong_id = ca.issue_for_key(csr.public_key(), &id("admin"), ttl).unwrap();
+    let wrong_id = ca
+        .issue_for_key(csr.public_key(), &id("admin"), ttl)
+        .unwrap();
     let err = crate::WorkloadCertificate::from_issued(
         &id("client"),
         wrong_id.chain,
@@ -211,7 +215,9 @@ fn an_answer_is_used_only_for_the_identity_and_key_asked_for() {
     // Another key than the one sent.
     let (_other_key, other_pem) = new_csr(&id("client")).unwrap();
     let other = CertificateRequest::parse_pem(&other_pem).unwrap();
-    let wrong_key = ca.issue_for_key(other.public_key(), &id("client"), ttl).unwrap();
+    let wrong_key = ca
+        .issue_for_key(other.public_key(), &id("client"), ttl)
+        .unwrap();
     let err = crate::WorkloadCertificate::from_issued(
         &id("client"),
         wrong_key.chain,
@@ -223,7 +229,8 @@ fn an_answer_is_used_only_for_the_identity_and_key_asked_for() {
 
     // A chain that does not reach the root it came with.
     let stranger = CertificateAuthority::generate_self_signed("cluster.local").unwrap();
-    let err = crate::WorkloadCertificate::from_issued(&id("client"), right.chain, stranger.roots(), key)
-        .unwrap_err();
+    let err =
+        crate::WorkloadCertificate::from_issued(&id("client"), right.chain, stranger.roots(), key)
+            .unwrap_err();
     assert!(err.contains("does not verify"), "{err}");
 }

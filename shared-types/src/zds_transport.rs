@@ -5,7 +5,7 @@
 //! (an oversized datagram is a protocol error, not a shorter message).
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use nix::sys::socket::{
@@ -120,6 +120,13 @@ impl SeqpacketStream {
     }
 }
 
+/// The connected socket, e.g. to read the peer's credentials (`SO_PEERCRED`).
+impl AsFd for SeqpacketStream {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.get_ref().as_fd()
+    }
+}
+
 fn recv_once(fd: RawFd, buf: &mut [u8]) -> io::Result<Datagram> {
     let mut iov = [IoSliceMut::new(buf)];
     // Room for more fds than the protocol allows, so extras are seen (and refused)
@@ -182,7 +189,6 @@ impl SeqpacketListener {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
 
     #[tokio::test]
     async fn fd_travels_and_truncation_is_reported() {

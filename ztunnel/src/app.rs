@@ -20,7 +20,9 @@ use crate::inpod::run_zds_client;
 use crate::inpod::statemanager::{PodProxies, PodRegistry, SharedInputs};
 use crate::metrics::Metrics;
 use crate::proxy::connections::ConnectionManager;
-use crate::proxy::{ListenAddrs, Listeners, LocalWorkload, OwnPorts, ProxyInputs};
+use crate::proxy::{
+    check_local_node, ListenAddrs, Listeners, LocalWorkload, OwnPorts, ProxyInputs,
+};
 use crate::readiness::Readiness;
 use crate::socket::{LocalSocketFactory, SocketFactory};
 use crate::state::StateStore;
@@ -30,6 +32,10 @@ use crate::telemetry::LogHandle;
 pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
     if !config.xds_address.is_empty() {
         warn!(xds = %config.xds_address, "XDS_ADDRESS is set, but this ztunnel reads its configuration from LOCAL_XDS_PATH (and Kubernetes); ignoring it");
+    }
+    let unused = crate::config::xds_node_metadata_set();
+    if !unused.is_empty() {
+        warn!(variables = ?unused, "set, but Istio's ztunnel uses them only as xDS node metadata (SERVICE_ACCOUNT not at all) and this ztunnel has no xDS client; ignoring them");
     }
     if let Some(cluster) = config.meta_cluster_id.take() {
         config.cluster_id = cluster;
@@ -54,9 +60,11 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
     .await?;
 
     let discovery = config.discovery();
-    if discovery.uses_kubernetes() {
-        start_kubernetes_discovery(&config, &state, &readiness, &shutdown).await?;
-    }
+    let kubernetes = if discovery.uses_kubernetes() {
+        Some(start_kubernetes_discovery(&config, &state, &readiness, &shutdown).await?)
+    } else {
+        None
+    };
     if let Some(path) = config
         .local_xds_path
         .as_ref()
@@ -93,6 +101,8 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 namespace: info.namespace,
                 name: info.name,
             };
+            check_local_node(&state, &local.namespace, &local.name, &config.node_name)
+                .map_err(|e| anyhow::anyhow!("PROXY_WORKLOAD_INFO: {e}"))?;
             // Readiness waits for this, so a VM is not ready without its identity.
             certs
                 .fetch(&local.identity)
@@ -136,15 +146,27 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 cluster_id: config.cluster_id.clone(),
                 drain_deadline: config.drain_deadline,
                 own_ports: OwnPorts::from_config(&config),
+                node_name: config.node_name.clone(),
             };
             let pods = PodProxies::new(shared, registry.clone());
             info!(socket = %config.inpod_uds.display(), "waiting for the node agent over ZDS");
-            tokio::spawn(run_zds_client(
+            let zds = run_zds_client(
                 config.inpod_uds.clone(),
                 pods,
                 readiness.register("first ZDS snapshot"),
                 shutdown.clone(),
-            ));
+            );
+            tokio::spawn(async move {
+                // No pod is served before the first Kubernetes sync: until then its
+                // proxy would not know which peers take HBONE and would send their
+                // traffic as plaintext (a window at every ztunnel restart).
+                if let Some(kubernetes) = kubernetes {
+                    if !kubernetes.wait_synced().await {
+                        return;
+                    }
+                }
+                zds.await
+            });
         }
     }
     drop(startup);
@@ -166,7 +188,7 @@ async fn start_kubernetes_discovery(
     state: &StateStore,
     readiness: &Readiness,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<kubernetes::KubernetesDiscovery> {
     match (config.discovery(), &config.local_xds_path) {
         (DiscoverySource::Both, None) => {
             anyhow::bail!("DISCOVERY_SOURCE=both needs LOCAL_XDS_PATH")
@@ -186,9 +208,9 @@ async fn start_kubernetes_discovery(
         root_namespace: config.root_namespace.clone(),
     };
     let ready = readiness.register("kubernetes discovery");
-    kubernetes::start(client, opts, state.clone(), Some(ready), shutdown.clone());
-    info!("kubernetes discovery started: watching pods, services, authorizationpolicies and peerauthentications");
-    Ok(())
+    let discovery = kubernetes::start(client, opts, state.clone(), Some(ready), shutdown.clone());
+    info!("kubernetes discovery started: watching namespaces, pods, services, authorizationpolicies and peerauthentications");
+    Ok(discovery)
 }
 
 /// istiod (CA_ADDRESS) in a cluster; the CA files (CA_CERTS_DIR) on a VM without

@@ -127,6 +127,9 @@ pub struct Config {
     /// SO_MARK on every socket ztunnel owns, so capture rules skip it.
     #[arg(long, env = "PACKET_MARK", default_value_t = DEFAULT_PACKET_MARK)]
     pub packet_mark: u32,
+    /// This node's name (downward API `spec.nodeName`), as Istio's ztunnel: it tells
+    /// which workloads are local. A pod handed over ZDS (or the dedicated workload)
+    /// that discovery places on another node is refused. Empty: no such check.
     #[arg(long, env = "NODE_NAME", default_value = "")]
     pub node_name: String,
     #[arg(long, env = "TRUST_DOMAIN", default_value = DEFAULT_TRUST_DOMAIN)]
@@ -161,6 +164,25 @@ pub struct Config {
     /// Inbound plaintext listener (dedicated mode).
     #[arg(long, env = "INBOUND_PLAINTEXT_ADDR", default_value = "0.0.0.0:15006")]
     pub inbound_plaintext_addr: SocketAddr,
+}
+
+/// Istio's ztunnel chart sets these from the downward API. Istio's ztunnel sends the
+/// first three (its own pod's name, namespace and IP) as xDS node metadata and reads
+/// SERVICE_ACCOUNT nowhere. This ztunnel has no xDS client, so none has a use here: our
+/// chart does not set them, and a ztunnel that finds one set says it ignores it.
+pub const XDS_NODE_METADATA_ENV: [&str; 4] = [
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "INSTANCE_IP",
+    "SERVICE_ACCOUNT",
+];
+
+/// Which of [`XDS_NODE_METADATA_ENV`] are set in this process's environment.
+pub fn xds_node_metadata_set() -> Vec<&'static str> {
+    XDS_NODE_METADATA_ENV
+        .into_iter()
+        .filter(|var| std::env::var_os(var).is_some())
+        .collect()
 }
 
 impl Config {

@@ -490,3 +490,169 @@ async fn coalesces_bursts_of_events() {
     cancel.cancel();
     stop(&control).await;
 }
+
+/// A PeerAuthentication, created through the v1beta1 API (discovery watches v1).
+async fn peer_authn(client: &Client, ns: &str, name: &str, spec: serde_json::Value) {
+    let mut ar = kubernetes::peer_authn::resource();
+    ar.version = "v1beta1".into();
+    ar.api_version = "security.istio.io/v1beta1".into();
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "security.istio.io/v1beta1",
+        "kind": "PeerAuthentication",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar)
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create peer authentication");
+}
+
+async fn delete_peer_authn(client: &Client, ns: &str, name: &str) {
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &kubernetes::peer_authn::resource())
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete peer authentication");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_authentication_strict_refuses_plaintext_and_follows_changes() {
+    use ztunnel::state::ConnectionAttrs;
+    init_logs();
+    let (control, client) = serve("127.0.0.1:0", None).await;
+    namespace(&client, "app").await;
+    namespace(&client, "istio-system").await;
+    pod(
+        &client,
+        "app",
+        "web",
+        json!({"app": "web"}),
+        "10.0.4.1",
+        true,
+    )
+    .await;
+    pod(&client, "app", "db", json!({"app": "db"}), "10.0.4.2", true).await;
+    let readiness = Readiness::new();
+    let (store, d, cancel) = discover(&client, &readiness);
+    synced(&d).await;
+
+    // Plaintext (no identity) to `ip:8080`: the reason it is refused, if it is.
+    let plaintext = |ip_: &str| {
+        let dst = store.workload_by_ip(ip(ip_)).expect("workload");
+        let attrs = ConnectionAttrs {
+            src_identity: None,
+            src_ip: ip("10.9.9.9"),
+            dst: format!("{ip_}:8080").parse().unwrap(),
+        };
+        store.authorize(&attrs, &dst).err().map(|d| d.reason())
+    };
+    assert_eq!(plaintext("10.0.4.1"), None, "PERMISSIVE by default");
+
+    peer_authn(
+        &client,
+        "istio-system",
+        "default",
+        json!({"mtls": {"mode": "STRICT"}}),
+    )
+    .await;
+    eventually("mesh-wide STRICT", || {
+        plaintext("10.0.4.1") == Some("strict_mtls") && plaintext("10.0.4.2") == Some("strict_mtls")
+    })
+    .await;
+    let snap = store.snapshot();
+    let strict = snap
+        .policy("istio-system/istio_converted_static_strict")
+        .expect("the static STRICT policy");
+    assert_eq!(
+        (strict.scope, strict.action),
+        (Scope::WorkloadSelector, Action::Deny)
+    );
+
+    // A workload policy takes web out of STRICT; db inherits the mesh's.
+    peer_authn(
+        &client,
+        "app",
+        "web-permissive",
+        json!({
+            "selector": {"matchLabels": {"app": "web"}},
+            "mtls": {"mode": "PERMISSIVE"},
+        }),
+    )
+    .await;
+    eventually("web PERMISSIVE", || plaintext("10.0.4.1").is_none()).await;
+    assert_eq!(plaintext("10.0.4.2"), Some("strict_mtls"));
+
+    // The mesh policy goes: db is PERMISSIVE again.
+    delete_peer_authn(&client, "istio-system", "default").await;
+    eventually("mesh policy gone", || plaintext("10.0.4.2").is_none()).await;
+    cancel.cancel();
+    stop(&control).await;
+}
+
+/// `istio.io/use-waypoint` on a namespace binds its services and pods to that
+/// waypoint (so ztunnel refuses their traffic); a pod's own `none` opts it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn use_waypoint_labels_bind_services_and_pods() {
+    init_logs();
+    let (control, client) = serve("127.0.0.1:0", None).await;
+    namespace(&client, "wp").await;
+    pod(
+        &client,
+        "wp",
+        "web",
+        json!({"app": "web"}),
+        "10.0.9.5",
+        true,
+    )
+    .await;
+    service(&client, "wp", "web", "10.96.9.10").await;
+    let readiness = Readiness::new();
+    let (store, d, cancel) = discover(&client, &readiness);
+    synced(&d).await;
+    let service_waypoint = |store: &StateStore| {
+        store
+            .service_by_vip(ip("10.96.9.10"))
+            .and_then(|s| s.waypoint.clone())
+            .map(|w| w.destination.to_string())
+    };
+    let pod_waypoint = |store: &StateStore| {
+        store
+            .workload_by_ip(ip("10.0.9.5"))
+            .and_then(|w| w.waypoint.clone())
+            .map(|w| w.destination.to_string())
+    };
+    assert_eq!(service_waypoint(&store), None);
+    assert_eq!(pod_waypoint(&store), None);
+
+    let labels = |value: &str| json!({"metadata": {"labels": {"istio.io/use-waypoint": value}}});
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            "wp",
+            &PatchParams::default(),
+            &Patch::Merge(labels("waypoint")),
+        )
+        .await
+        .expect("label the namespace");
+    eventually("the namespace's waypoint", || {
+        service_waypoint(&store).is_some() && pod_waypoint(&store).is_some()
+    })
+    .await;
+    assert_eq!(
+        service_waypoint(&store).as_deref(),
+        Some("wp/waypoint.wp.svc.cluster.local")
+    );
+
+    Api::<Pod>::namespaced(client.clone(), "wp")
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(labels("none")),
+        )
+        .await
+        .expect("label the pod");
+    eventually("the pod's opt-out", || pod_waypoint(&store).is_none()).await;
+    assert!(service_waypoint(&store).is_some());
+    cancel.cancel();
+    stop(&control).await;
+}

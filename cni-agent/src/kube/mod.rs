@@ -97,6 +97,11 @@ impl KubeCache {
         if let Some(pod) = self.cached_pod(key) {
             return Ok(Some(pod));
         }
+        self.get_pod(key).await
+    }
+
+    /// A GET, bypassing the cache (which may still hold a previous pod of that name).
+    pub async fn get_pod(&self, key: &str) -> Result<Option<Arc<Pod>>, kube::Error> {
         let Some((ns, name)) = key.split_once('/') else {
             return Ok(None);
         };

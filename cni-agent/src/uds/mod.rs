@@ -1,21 +1,35 @@
 //! The two Unix sockets the `istio-cni` plugin talks to, in the run dir:
 //! `pluginevent.sock` (`POST /cmdadd`, [`event`]) and `log.sock` (`POST /log`, [`log`]).
 //!
-//! The run dir is created 0750 (root's, like the sockets' users); the sockets are 0666 so
-//! the directory alone guards them, as Istio does. A socket file left by a previous
-//! agent is removed before binding; on exit the sockets are left in place, so an agent
-//! starting meanwhile (rolling update with surge) never loses its fresh socket to us.
+//! Only root (or the one uid configured with `--plugin-peer-uid`) may post an event: a
+//! forged `/cmdadd` could otherwise make us program any netns and hand it to ztunnel
+//! under another pod's identity. Three locks, each enough on its own:
+//! - the run dir is forced to be ours with mode 0700 at every start, even when it
+//!   already exists (kubelet creates a `DirectoryOrCreate` hostPath 0755; Istio makes
+//!   it 0750 and leaves an existing one alone); 0711 when another uid is configured, so
+//!   that uid can reach its sockets without listing the dir;
+//! - the sockets are 0600 (owned by the configured uid, if any) from the moment they
+//!   exist: bound in a private staging dir and renamed into place
+//!   ([`fsutil::bind_private`]), never chmod-ed after the fact (Istio: 0666);
+//! - every connection's `SO_PEERCRED` uid is checked before it is served
+//!   ([`crate::peer`]); refusals are logged and counted.
+//!
+//! A socket file left by a previous agent is replaced atomically by the rename; on exit
+//! the sockets are left in place, so an agent starting meanwhile (rolling update with
+//! surge) never loses its fresh socket to us.
 
 pub mod event;
 pub mod log;
 
 use crate::fsutil;
 use crate::http_server::{self, Handler};
+use crate::metrics::Metrics;
+use crate::peer::{PeerGate, SOCKET_PLUGIN_EVENT, SOCKET_PLUGIN_LOG};
 use event::CmdAddHandler;
 use shared_types::constants::{PLUGIN_EVENT_SOCKET, PLUGIN_LOG_SOCKET};
-use std::fs::{self, Permissions};
+use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +37,38 @@ use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub const RUN_DIR_MODE: u32 = 0o750;
-pub const SOCKET_MODE: u32 = 0o666;
+/// The run dir when only root talks to us.
+pub const RUN_DIR_MODE: u32 = 0o700;
+/// The run dir when another uid is configured: it may traverse, not list.
+pub const RUN_DIR_MODE_WITH_PEER_UID: u32 = 0o711;
+pub const SOCKET_MODE: u32 = 0o600;
+
+/// Who may connect to the plugin sockets.
+#[derive(Clone)]
+pub struct UdsAccess {
+    /// Admitted besides root (0: root only).
+    pub peer_uid: u32,
+    /// Where refusals are counted.
+    pub metrics: Metrics,
+}
+
+impl UdsAccess {
+    /// Root only, refusals counted in `metrics`.
+    pub fn root_only(metrics: Metrics) -> Self {
+        UdsAccess {
+            peer_uid: 0,
+            metrics,
+        }
+    }
+
+    pub fn run_dir_mode(&self) -> u32 {
+        if self.peer_uid == 0 {
+            RUN_DIR_MODE
+        } else {
+            RUN_DIR_MODE_WITH_PEER_UID
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("{what} {}: {source}", path.display())]
@@ -47,24 +91,28 @@ pub struct UdsServers {
 pub fn start(
     run_dir: &Path,
     handler: Arc<dyn CmdAddHandler>,
+    access: &UdsAccess,
     cancel: CancellationToken,
 ) -> Result<UdsServers, UdsError> {
-    fsutil::ensure_dir(run_dir, RUN_DIR_MODE).map_err(|source| UdsError {
-        what: "creating the run dir",
+    fsutil::ensure_private_dir(run_dir, access.run_dir_mode()).map_err(|source| UdsError {
+        what: "securing the run dir",
         path: run_dir.to_path_buf(),
         source,
     })?;
+    let event_gate = PeerGate::new(SOCKET_PLUGIN_EVENT, access.peer_uid, &access.metrics);
+    let log_gate = PeerGate::new(SOCKET_PLUGIN_LOG, access.peer_uid, &access.metrics);
     let event_socket = run_dir.join(PLUGIN_EVENT_SOCKET);
     let log_socket = run_dir.join(PLUGIN_LOG_SOCKET);
-    let event_listener = bind(&event_socket)?;
-    let log_listener = bind(&log_socket)?;
+    let event_listener = bind(&event_socket, event_gate.socket_owner())?;
+    let log_listener = bind(&log_socket, log_gate.socket_owner())?;
     let tasks = vec![
         tokio::spawn(serve(
             event_listener,
             event::router(handler),
+            event_gate,
             cancel.clone(),
         )),
-        tokio::spawn(serve(log_listener, log::router(), cancel)),
+        tokio::spawn(serve(log_listener, log::router(), log_gate, cancel)),
     ];
     let (events, logs) = (event_socket.display(), log_socket.display());
     tracing::info!(%events, %logs, "plugin sockets listening");
@@ -75,9 +123,9 @@ pub fn start(
     })
 }
 
-/// Removes a stale socket, binds, and opens the socket to every local user (the run
-/// dir's mode is the gate).
-pub fn bind(path: &Path) -> Result<UnixListener, UdsError> {
+/// Binds `path` with mode 0600 (owned by `owner` when given), replacing a stale socket
+/// but nothing else.
+pub fn bind(path: &Path, owner: Option<u32>) -> Result<UnixListener, UdsError> {
     let err = |what| {
         move |source| UdsError {
             what,
@@ -86,9 +134,8 @@ pub fn bind(path: &Path) -> Result<UnixListener, UdsError> {
         }
     };
     match fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            fs::remove_file(path).map_err(err("removing the stale socket"))?;
-        }
+        // Replaced atomically by the rename in bind_private.
+        Ok(meta) if meta.file_type().is_socket() => {}
         Ok(_) => {
             return Err(err("refusing to replace")(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -98,19 +145,32 @@ pub fn bind(path: &Path) -> Result<UnixListener, UdsError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(err("inspecting")(e)),
     }
-    let listener = UnixListener::bind(path).map_err(err("binding"))?;
-    fs::set_permissions(path, Permissions::from_mode(SOCKET_MODE)).map_err(err("chmod"))?;
-    Ok(listener)
+    // Bound with std (the closure is plain code), handed to tokio once in place.
+    let listener = fsutil::bind_private(path, SOCKET_MODE, owner, |temp| {
+        let listener = std::os::unix::net::UnixListener::bind(temp)?;
+        listener.set_nonblocking(true)?;
+        Ok(listener)
+    })
+    .map_err(err("binding"))?;
+    UnixListener::from_std(listener).map_err(err("registering"))
 }
 
-/// Accepts until `cancel`; each connection is served in its own task.
-pub async fn serve(listener: UnixListener, handler: Handler, cancel: CancellationToken) {
+/// Accepts until `cancel`; each connection whose peer `gate` admits is served in its
+/// own task, any other is closed unread.
+pub async fn serve(
+    listener: UnixListener,
+    handler: Handler,
+    gate: PeerGate,
+    cancel: CancellationToken,
+) {
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    http_server::spawn_connection(stream, handler.clone(), cancel.clone())
+                    if gate.admit(&stream) {
+                        http_server::spawn_connection(stream, handler.clone(), cancel.clone())
+                    }
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.

@@ -71,7 +71,7 @@ pub(super) async fn serve(
 }
 
 /// Hello (V1 only), then every registered pod (`add` with its netns, or `keep` when
-/// the netns is gone), then `snapshot_sent`.
+/// none is held), then `snapshot_sent`.
 async fn greet(inner: &Inner, stream: &SeqpacketStream) -> Result<(), ZdsError> {
     let mut buf = [0u8; MAX_MESSAGE_SIZE];
     let hello = tokio::time::timeout(inner.timeout, stream.recv(&mut buf))
@@ -91,15 +91,24 @@ async fn greet(inner: &Inner, stream: &SeqpacketStream) -> Result<(), ZdsError> 
     }
     let pods = inner.lock().registry.clone();
     for (uid, pod) in pods {
-        let (bytes, fd) = match std::fs::File::open(&pod.netns) {
-            Ok(file) => (
-                WorkloadRequest::add(&uid, pod.info.clone()).encode_to_vec(),
-                Some(OwnedFd::from(file)),
-            ),
-            Err(e) => {
-                tracing::info!(uid, netns = %pod.netns.display(), "replaying as keep: {e}");
-                (WorkloadRequest::keep(&uid).encode_to_vec(), None)
+        // A duplicate of the fd held since enrollment, never a reopened path.
+        let fd = match pod.netns.as_deref().map(|ns| ns.file().try_clone()) {
+            Some(Ok(file)) => Some(OwnedFd::from(file)),
+            Some(Err(e)) => {
+                tracing::warn!(
+                    uid,
+                    "duplicating the netns fd failed, replaying as keep: {e}"
+                );
+                None
             }
+            None => {
+                tracing::info!(uid, "no netns held for the pod, replaying as keep");
+                None
+            }
+        };
+        let bytes = match fd {
+            Some(_) => WorkloadRequest::add(&uid, pod.info.clone()).encode_to_vec(),
+            None => WorkloadRequest::keep(&uid).encode_to_vec(),
         };
         match exchange(inner, stream, &bytes, fd).await {
             Ok(()) => {}

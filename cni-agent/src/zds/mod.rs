@@ -5,6 +5,13 @@
 //! channel one at a time, waiting for the ack of each. New pods go to the NEWEST
 //! connection (a restarting ztunnel's successor takes over), deletions to all of them.
 //! The registry of enrolled pods lives here so every new connection gets a snapshot.
+//! It holds each pod's netns as the open file the agent got at enrollment, never as a
+//! path: a `/proc/<pid>/ns/net` path names another pod's netns once the pid is reused.
+//!
+//! Only ztunnel may connect: the socket is 0600 from the moment it exists (owned by
+//! `ZTUNNEL_PEER_UID` when one is configured), and a peer whose `SO_PEERCRED` uid is
+//! neither 0 nor that uid is closed before it is sent anything, least of all a netns
+//! ([`PeerGate`]). Istio leaves the mode to the umask and checks no credentials.
 
 mod conn;
 
@@ -19,7 +26,13 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::fsutil;
+use crate::peer::PeerGate;
 use crate::redirect::NetnsHandle;
+
+/// The ZDS socket's mode: ztunnel runs as root (or as the configured uid, which then
+/// owns the socket).
+pub const ZDS_SOCKET_MODE: u32 = 0o600;
 
 /// How long ztunnel may take to say hello or answer a request before we drop it.
 pub const DEFAULT_ZDS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,11 +49,12 @@ pub enum ZdsError {
     Io(String),
 }
 
-/// A pod ztunnel serves; replayed on every (re)connect.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A pod ztunnel serves; replayed on every (re)connect: `add` with a duplicate of the
+/// held netns fd, or `keep` when there is none.
+#[derive(Debug, Clone)]
 pub struct EnrolledPod {
     pub info: WorkloadInfo,
-    pub netns: PathBuf,
+    pub netns: Option<Arc<NetnsHandle>>,
 }
 
 /// One request for a connection task; the answer comes back on `reply`.
@@ -64,6 +78,7 @@ struct State {
 
 struct Inner {
     path: PathBuf,
+    gate: PeerGate,
     timeout: Duration,
     state: Mutex<State>,
     count: watch::Sender<usize>,
@@ -92,20 +107,33 @@ pub struct ZdsServer {
 }
 
 impl ZdsServer {
-    /// Binds `path` (creating its parent dir, replacing a stale socket).
-    pub fn bind(path: &Path) -> std::io::Result<Self> {
-        Self::bind_with_timeout(path, DEFAULT_ZDS_TIMEOUT)
+    /// Binds `path` (creating its parent dir, replacing a stale socket); `gate` says
+    /// which peers are served.
+    pub fn bind(path: &Path, gate: PeerGate) -> std::io::Result<Self> {
+        Self::bind_with_timeout(path, DEFAULT_ZDS_TIMEOUT, gate)
     }
 
-    pub fn bind_with_timeout(path: &Path, timeout: Duration) -> std::io::Result<Self> {
+    pub fn bind_with_timeout(
+        path: &Path,
+        timeout: Duration,
+        gate: PeerGate,
+    ) -> std::io::Result<Self> {
         if let Some(parent) = path.parent() {
+            // Shared with ztunnel's pod (a hostPath both mount): an existing dir is left
+            // as it is; the socket's own mode and the peer check are the locks.
             std::fs::create_dir_all(parent)?;
         }
-        let listener = SeqpacketListener::bind(path)?;
+        let listener = fsutil::bind_private(
+            path,
+            ZDS_SOCKET_MODE,
+            gate.socket_owner(),
+            SeqpacketListener::bind,
+        )?;
         let (count, _) = watch::channel(0);
         Ok(ZdsServer {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
+                gate,
                 timeout,
                 state: Mutex::default(),
                 count,
@@ -137,6 +165,8 @@ impl ZdsServer {
                 accepted = listener.accept() => accepted,
             };
             match stream {
+                // Before the greeting: a refused peer is sent nothing.
+                Ok(stream) if !self.inner.gate.admit(&stream) => drop(stream),
                 Ok(stream) => {
                     let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
                     tokio::spawn(conn::serve(
@@ -185,7 +215,7 @@ impl ZdsServer {
         &self,
         uid: &str,
         info: WorkloadInfo,
-        netns: &NetnsHandle,
+        netns: &Arc<NetnsHandle>,
     ) -> Result<(), ZdsError> {
         let fd: OwnedFd = netns
             .file()
@@ -203,7 +233,7 @@ impl ZdsServer {
             uid,
             EnrolledPod {
                 info,
-                netns: netns.path().to_path_buf(),
+                netns: Some(netns.clone()),
             },
         );
         Ok(())

@@ -67,14 +67,17 @@ fn info(name: &str) -> WorkloadInfo {
     }
 }
 
-fn own_netns() -> NetnsHandle {
-    NetnsHandle::open("/proc/self/ns/net").unwrap()
+fn own_netns() -> Arc<NetnsHandle> {
+    Arc::new(NetnsHandle::open("/proc/self/ns/net").unwrap())
 }
 
 async fn start(timeout: Duration) -> (tempfile::TempDir, ZdsServer, CancellationToken) {
     let dir = tempfile::tempdir().unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let us = unsafe { libc::geteuid() };
+    let gate = PeerGate::new(crate::peer::SOCKET_ZDS, us, &crate::metrics::Metrics::new());
     let server =
-        ZdsServer::bind_with_timeout(&dir.path().join("sub/ztunnel.sock"), timeout).unwrap();
+        ZdsServer::bind_with_timeout(&dir.path().join("sub/ztunnel.sock"), timeout, gate).unwrap();
     let cancel = CancellationToken::new();
     let run = server.clone();
     let stop = cancel.clone();
@@ -101,12 +104,12 @@ async fn add_goes_to_newest_del_to_all_and_replay_on_connect() {
     let first = Fake::connect(server.path(), Mode::Ack).await;
     wait_connections(&server, 1).await;
     server.add("u1", info("p1"), &netns).await.unwrap();
-    // A pod whose netns is gone is replayed as keep.
+    // A pod registered without a netns is replayed as keep.
     server.register(
         "u2",
         EnrolledPod {
             info: info("p2"),
-            netns: "/nonexistent/netns".into(),
+            netns: None,
         },
     );
     let second = Fake::connect(server.path(), Mode::Ack).await;
@@ -194,5 +197,19 @@ async fn malformed_peers_are_dropped_without_affecting_others() {
     // The good one never noticed.
     server.add("u2", info("p2"), &own_netns()).await.unwrap();
     assert_eq!(good.seen(), ["snap", "add:u2:1"]);
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn socket_is_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, server, cancel) = start(Duration::from_secs(2)).await;
+    let mode = std::fs::metadata(server.path())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o7777;
+    assert_eq!(mode, ZDS_SOCKET_MODE);
+    assert_eq!(ZDS_SOCKET_MODE, 0o600);
     cancel.cancel();
 }

@@ -11,6 +11,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// Plugin socket access admitting whoever runs the tests (root in CI, where this is
+/// the agent's default: root only).
+pub fn access() -> cni_agent::uds::UdsAccess {
+    cni_agent::uds::UdsAccess {
+        peer_uid: euid(),
+        metrics: cni_agent::metrics::Metrics::new(),
+    }
+}
+
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
 pub fn settings(run_dir: &str) -> PluginSettings {
     PluginSettings {
         log_level: "info".into(),

@@ -63,12 +63,27 @@ fn main() -> Result<()> {
     println!("   projected token (audience istio-ca, bound to its pod) and the root certificate,");
     println!("   and asks istiod-lite for its pods' certificates (ImpersonatedIdentity).");
     if args.up {
-        return keep_up(&cluster);
+        keep_up(&cluster)?;
+        cluster.shutdown()?;
+        return no_leftovers();
     }
     cluster_demo(&cluster)?;
     step("Tearing everything down");
-    drop(cluster);
+    cluster.shutdown()?;
+    no_leftovers()?;
     println!("   done: no namespace, link, rule or process is left behind.");
+    Ok(())
+}
+
+/// Fails (naming the pids) if any process this run started is still alive: each
+/// carries the run's owner marker in its environment.
+fn no_leftovers() -> Result<()> {
+    let marker = e2e::cluster::sweep::owner_marker();
+    e2e::cluster::sweep::check_no_leftovers(&marker, Duration::from_secs(3))?;
+    println!(
+        "   no process marked {}={marker} is left.",
+        e2e::cluster::sweep::OWNER_ENV
+    );
     Ok(())
 }
 
@@ -381,6 +396,7 @@ fn standalone_demo() -> Result<()> {
 
     step("Tearing everything down");
     drop(mesh);
+    no_leftovers()?;
     println!("   done: no namespace, link, rule or process is left behind.");
     Ok(())
 }

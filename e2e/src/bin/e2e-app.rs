@@ -72,6 +72,22 @@ enum Cmd {
     },
     /// HTTP GET (for metrics and admin endpoints inside a namespace); prints the body.
     Get { url: String },
+    /// Traffic that carries a marker: every `interval_ms`, a new connection to an echo
+    /// server sends `bytes` bytes made of `marker` repeated, half-closes and checks the
+    /// same bytes come back. Prints one JSON line per connection (`{"n": i, "ok": true}`
+    /// or with `"error"`), failures included, until `duration_secs` pass or it is killed.
+    Stream {
+        #[arg(long)]
+        connect: SocketAddr,
+        #[arg(long)]
+        marker: String,
+        #[arg(long, default_value_t = 1024)]
+        bytes: usize,
+        #[arg(long, default_value_t = 20)]
+        interval_ms: u64,
+        #[arg(long, default_value_t = 3600)]
+        duration_secs: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -92,6 +108,13 @@ fn main() -> Result<()> {
             hold_secs,
         } => hold(connect, count, hold_secs),
         Cmd::Get { url } => get(&url),
+        Cmd::Stream {
+            connect,
+            marker,
+            bytes,
+            interval_ms,
+            duration_secs,
+        } => stream(connect, &marker, bytes, interval_ms, duration_secs),
     }
 }
 
@@ -272,6 +295,54 @@ fn hold(connect: SocketAddr, count: u64, hold_secs: u64) -> Result<()> {
         let _ = done_tx.send(());
     });
     let _ = done_rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    Ok(())
+}
+
+fn stream(
+    connect: SocketAddr,
+    marker: &str,
+    bytes: usize,
+    interval_ms: u64,
+    duration_secs: u64,
+) -> Result<()> {
+    if marker.is_empty() {
+        bail!("--marker must not be empty");
+    }
+    let payload: Vec<u8> = marker
+        .bytes()
+        .cycle()
+        .take(bytes.max(marker.len()))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(duration_secs);
+    let mut n = 0u64;
+    while Instant::now() < deadline {
+        let started = Instant::now();
+        let line = match exchange(connect, &payload) {
+            Ok(()) => serde_json::json!({"n": n, "ok": true}),
+            Err(e) => serde_json::json!({"n": n, "ok": false, "error": format!("{e:#}")}),
+        };
+        println!("{line}");
+        n += 1;
+        let pause = Duration::from_millis(interval_ms).saturating_sub(started.elapsed());
+        std::thread::sleep(pause);
+    }
+    Ok(())
+}
+
+/// One connection of `stream`: send, half-close, read the echo, compare.
+fn exchange(connect: SocketAddr, payload: &[u8]) -> Result<()> {
+    let timeout = Duration::from_secs(3);
+    let mut stream = TcpStream::connect_timeout(&connect, timeout)
+        .with_context(|| format!("connecting to {connect}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(payload).context("sending")?;
+    stream.shutdown(Shutdown::Write)?;
+    let mut back = Vec::with_capacity(payload.len());
+    stream.read_to_end(&mut back).context("reading the echo")?;
+    if back != payload {
+        bail!("echoed {} bytes, sent {}", back.len(), payload.len());
+    }
     Ok(())
 }
 

@@ -80,7 +80,10 @@ impl ControlPlane {
             .env("GRPC_ADDR", ISTIOD_ADDR)
             .env("MONITORING_ADDR", format!("{CLUSTER_NET_PREFIX}.1:15014"))
             .env("READY_ADDR", format!("{CLUSTER_NET_PREFIX}.1:8080"))
-            .env(super::sweep::OWNER_ENV, super::sweep::owner_marker())
+            .env(
+                super::sweep::OWNER_ENV,
+                super::sweep::cluster_marker(&self.tag),
+            )
             .env(
                 "RUST_LOG",
                 std::env::var("ISTIOD_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -106,7 +109,10 @@ impl ControlPlane {
 
     /// istiod-lite's Prometheus text.
     pub fn istiod_metrics(&self) -> Result<String> {
-        crate::mesh::http_get(&self.ns, &format!("http://{CLUSTER_NET_PREFIX}.1:15014/metrics"))
+        crate::mesh::http_get(
+            &self.ns,
+            &format!("http://{CLUSTER_NET_PREFIX}.1:15014/metrics"),
+        )
     }
 
     /// Starts (or restarts) the API server; objects survive in the state file.
@@ -122,7 +128,10 @@ impl ControlPlane {
             .arg(&self.state_file)
             .arg("--print-kubeconfig")
             .arg(&self.kubeconfig)
-            .env(super::sweep::OWNER_ENV, super::sweep::owner_marker())
+            .env(
+                super::sweep::OWNER_ENV,
+                super::sweep::cluster_marker(&self.tag),
+            )
             .env("RUST_LOG", "warn");
         let guard = ChildGuard::spawn(&format!("apiserver-{}", self.tag), cmd)?;
         let api = self.api();

@@ -36,6 +36,8 @@ pub struct NodeInfo {
     pub host_ip: String,
     pub conf_dir: PathBuf,
     pub cni_path: Vec<PathBuf>,
+    /// [`super::sweep::OWNER_ENV`] of the containers: the cluster's marker.
+    pub owner: String,
 }
 
 /// A running pod: its namespace, its CNI state and its container processes.
@@ -203,7 +205,8 @@ fn sync_loop(
                 Some("Succeeded" | "Failed")
             );
             // Mirror pods stand for processes the harness runs itself.
-            let mirror = !pod["metadata"]["annotations"][super::objects::MIRROR_ANNOTATION].is_null();
+            let mirror =
+                !pod["metadata"]["annotations"][super::objects::MIRROR_ANNOTATION].is_null();
             if uid.is_empty()
                 || finished
                 || mirror
@@ -364,14 +367,16 @@ fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
         };
         let mut cmd = sandbox.netns.command(&program);
         cmd.args(&argv[1..])
-            .env(super::sweep::OWNER_ENV, super::sweep::owner_marker());
+            .env(super::sweep::OWNER_ENV, &node.owner);
         for env in c["env"].as_array().into_iter().flatten() {
             if let (Some(k), Some(v)) = (env["name"].as_str(), env["value"].as_str()) {
                 cmd.env(k, v);
             }
         }
         let log_name = format!("{}-{namespace}-{name}-{i}", node.tag);
-        match ChildGuard::spawn(&log_name, cmd) {
+        // A container is a process tree (`sh -c` forks its commands): its own process
+        // group, killed whole, as a runtime kills the container's cgroup.
+        match ChildGuard::spawn_group(&log_name, cmd) {
             Ok(child) => sandbox.containers.push(child),
             Err(e) => {
                 teardown_sandbox(sandbox);

@@ -8,7 +8,9 @@
 //! - a kubelet stand-in per node creates pods through the node's CNI chain (the
 //!   reference `bridge` plugin plus the `istio-cni` the agent chains in).
 //!
-//! Everything is torn down when the [`LocalCluster`] is dropped, also on panic.
+//! Everything is torn down when the [`LocalCluster`] is dropped, also on panic; then no
+//! process carrying the cluster's owner marker may remain (the drop panics, naming
+//! them, unless already panicking; [`LocalCluster::shutdown`] returns it as an error).
 
 pub mod api;
 pub mod apiserver_proc;
@@ -43,6 +45,8 @@ pub struct LocalCluster {
     pub control_plane: ControlPlane,
     pub tag: String,
     dir: tempfile::TempDir,
+    /// The leftover check already ran ([`LocalCluster::shutdown`]).
+    torn_down: bool,
 }
 
 impl LocalCluster {
@@ -64,6 +68,7 @@ impl LocalCluster {
             control_plane,
             tag: tag.to_owned(),
             dir,
+            torn_down: false,
         };
         for index in 1..=count {
             let node = Node::create(
@@ -97,6 +102,7 @@ impl LocalCluster {
                 host_ip: node.ip(),
                 conf_dir: node.conf_dir(),
                 cni_path: node.cni_path(),
+                owner: sweep::cluster_marker(tag),
             };
             cluster.kubelets.push(Kubelet::start(cluster.api(), info));
         }
@@ -376,8 +382,8 @@ impl LocalCluster {
             &resolve_program(argv.first().copied().unwrap_or_default()),
         ])
         .args(&argv[1..])
-        .env(sweep::OWNER_ENV, sweep::owner_marker());
-        ChildGuard::spawn(&format!("{}-exec-{ns}-{name}", self.tag), cmd)
+        .env(sweep::OWNER_ENV, sweep::cluster_marker(&self.tag));
+        ChildGuard::spawn_group(&format!("{}-exec-{ns}-{name}", self.tag), cmd)
     }
 
     /// `e2e-app send` from a pod; the sink's JSON answer.
@@ -417,6 +423,26 @@ impl LocalCluster {
         }
     }
 
+    /// Stops every pod and process, then fails if any process marked with this
+    /// cluster's owner marker is still alive (those are killed and named). Namespaces
+    /// and files go when the value drops.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.torn_down = true;
+        self.stop_processes()
+    }
+
+    fn stop_processes(&mut self) -> Result<()> {
+        self.kubelets.clear();
+        for node in &mut self.nodes {
+            drop(node.ztunnel.take());
+            drop(node.agent.take());
+            drop(node.projector.take());
+        }
+        drop(self.control_plane.istiod.take());
+        drop(self.control_plane.apiserver.take());
+        sweep::check_no_leftovers(&sweep::cluster_marker(&self.tag), LEFTOVER_GRACE)
+    }
+
     /// Every namespace name this cluster created (control plane, nodes, pods).
     pub fn namespace_names(&self) -> Vec<String> {
         let mut names = vec![self.control_plane.ns.name().to_owned()];
@@ -435,6 +461,24 @@ impl LocalCluster {
             text.push_str(&tail(&node.logs(), 40));
         }
         text
+    }
+}
+
+/// How long killed processes may take to disappear before they count as left behind.
+const LEFTOVER_GRACE: Duration = Duration::from_secs(3);
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        if let Err(e) = self.stop_processes() {
+            if std::thread::panicking() {
+                eprintln!("{e:#}");
+            } else {
+                panic!("{e:#}");
+            }
+        }
     }
 }
 
@@ -458,7 +502,16 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
 fn ztunnel_pod(api: &Api, node: &str) -> Result<(String, String)> {
     let name = format!("ztunnel-{node}");
     let path = format!("/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods");
-    api.create_if_absent(&path, &objects::mirror_pod(SYSTEM_NAMESPACE, &name, node, "ztunnel", &[("app", "ztunnel")]))?;
+    api.create_if_absent(
+        &path,
+        &objects::mirror_pod(
+            SYSTEM_NAMESPACE,
+            &name,
+            node,
+            "ztunnel",
+            &[("app", "ztunnel")],
+        ),
+    )?;
     let pod = api.get(&format!("{path}/{name}"))?;
     let uid = pod["metadata"]["uid"].as_str().context("pod without uid")?;
     Ok((name, uid.to_owned()))

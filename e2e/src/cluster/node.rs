@@ -10,8 +10,8 @@ use super::api::Api;
 use super::apiserver_proc::{CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST};
 use super::cni;
 use super::projected::{ProjectedConfigMap, ProjectedToken, Projector};
+use super::sweep::{cluster_marker, OWNER_ENV};
 use super::SYSTEM_NAMESPACE;
-use super::sweep::{owner_marker, OWNER_ENV};
 use crate::mesh::binary;
 use crate::netns::Netns;
 use crate::process::{wait_for, ChildGuard};
@@ -33,6 +33,8 @@ pub struct Node {
     pub ns: Netns,
     pub dir: PathBuf,
     kubeconfig: PathBuf,
+    /// [`OWNER_ENV`] of the node's processes: the cluster's marker.
+    owner: String,
 }
 
 impl Node {
@@ -54,6 +56,7 @@ impl Node {
             ns,
             dir,
             kubeconfig: kubeconfig.to_owned(),
+            owner: cluster_marker(tag),
         };
         node.write_bridge_conflist()?;
         Ok(node)
@@ -157,7 +160,7 @@ impl Node {
             .env("NODE_NAME", &self.name)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("ZTUNNEL_UDS_ADDRESS", self.zds_socket())
-            .env(OWNER_ENV, owner_marker())
+            .env(OWNER_ENV, &self.owner)
             .env(
                 "RUST_LOG",
                 std::env::var("CNI_AGENT_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -194,7 +197,7 @@ impl Node {
             .envs(self.ztunnel_env.iter().map(|(k, v)| (k, v)))
             .env("INPOD_UDS", self.zds_socket())
             .env("NODE_NAME", &self.name)
-            .env(OWNER_ENV, owner_marker())
+            .env(OWNER_ENV, &self.owner)
             .env(
                 "RUST_LOG",
                 std::env::var("ZTUNNEL_TEST_LOG").unwrap_or_else(|_| "info".into()),

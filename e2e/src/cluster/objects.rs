@@ -36,7 +36,13 @@ pub fn pod(
 
 /// The API object of a pod the harness runs itself on `node` (kubelet's static
 /// pods have such mirrors): the kubelet stand-in does not run it again.
-pub fn mirror_pod(namespace: &str, name: &str, node: &str, sa: &str, labels: &[(&str, &str)]) -> Value {
+pub fn mirror_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    sa: &str,
+    labels: &[(&str, &str)],
+) -> Value {
     let mut pod = pod(namespace, name, node, sa, labels, &[]);
     pod["metadata"]["annotations"] = json!({ MIRROR_ANNOTATION: "harness" });
     pod["status"] = json!({"phase": "Running"});

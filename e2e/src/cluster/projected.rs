@@ -62,7 +62,11 @@ impl Projector {
         crate::process::wait_for(
             &format!("ConfigMap {}/{}", configmap.namespace, configmap.name),
             wait,
-            || sync_configmap(&api, &configmap).ok().filter(|written| *written),
+            || {
+                sync_configmap(&api, &configmap)
+                    .ok()
+                    .filter(|written| *written)
+            },
         )?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::local_fields::unknown_fields;
+use super::waypoints::{self, WaypointWarnings};
 use crate::state::serde_util::null_as_default;
 use crate::state::service::NamespacedHostname;
 use crate::state::{Authorization, ProxyState, Service, StateStore, Workload};
@@ -138,6 +139,13 @@ fn validate(cfg: &LocalConfig) -> Result<(), DiscoveryError> {
     Ok(())
 }
 
+fn bound_to_waypoints(state: &ProxyState) -> std::collections::BTreeMap<String, String> {
+    waypoints::bound(
+        state.workloads().map(|w| w.as_ref()),
+        state.services().map(|s| s.as_ref()),
+    )
+}
+
 fn display_name<'a>(name: &'a str, fallback: &'a str) -> &'a str {
     if name.is_empty() {
         fallback
@@ -175,6 +183,8 @@ pub async fn watch_local_file(
     let state = parse_bytes(&bytes)?;
     let (w, s, p) = state.counts();
     info!(path = %path.display(), workloads = w, services = s, policies = p, "local config loaded");
+    let mut waypoints = WaypointWarnings::default();
+    waypoints.report(SOURCE, bound_to_waypoints(&state));
     store.replace_source(SOURCE, state);
 
     let (tx, rx) = mpsc::unbounded_channel();
@@ -192,6 +202,7 @@ pub async fn watch_local_file(
         errors,
         last_attempt: Some(bytes),
         last_read_failed: false,
+        waypoints,
     };
     let mut rx = watcher.is_some().then_some(rx);
     tokio::spawn(async move {
@@ -269,6 +280,7 @@ struct Reloader {
     /// directory and repeated events for one edit cost a read, not a reload or an error.
     last_attempt: Option<Vec<u8>>,
     last_read_failed: bool,
+    waypoints: WaypointWarnings,
 }
 
 impl Reloader {
@@ -303,6 +315,7 @@ impl Reloader {
         match result {
             Ok(state) => {
                 let (w, s, p) = state.counts();
+                self.waypoints.report(SOURCE, bound_to_waypoints(&state));
                 self.store.replace_source(SOURCE, state);
                 self.reloads.inc();
                 info!(

@@ -7,5 +7,6 @@
 pub mod kubernetes;
 pub mod local;
 mod local_fields;
+pub mod waypoints;
 
 pub use local::{parse_local_config, watch_local_file, DiscoveryError};

@@ -32,6 +32,9 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(10);
 pub const PING_TIMEOUT: Duration = Duration::from_secs(20);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// An inbound stream that moves no byte either way for this long is closed: Envoy's
+/// TCP proxy default (Istio sidecars apply it to every TCP connection).
+pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum HboneError {

@@ -2,12 +2,14 @@
 //! established mutual-TLS connection and hands each to a handler.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::Request;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -15,30 +17,51 @@ use super::*;
 
 /// Serves one HBONE connection until the peer closes it. When `drain` fires, the
 /// server sends GOAWAY and lets open streams finish.
-pub async fn serve_connection<IO, H, F>(
+///
+/// At most [`SERVER_MAX_CONCURRENT_STREAMS`] handlers run at once. h2 already refuses
+/// streams beyond the limit it advertises, but a client that resets its streams frees
+/// h2's count while their handlers still run (dialing, copying); a stream over the
+/// limit is reset with REFUSED_STREAM and `on_refused` is called. A peer that does not
+/// complete the HTTP/2 handshake within [`HANDSHAKE_TIMEOUT`] is dropped.
+pub async fn serve_connection<IO, H, F, R>(
     io: IO,
     drain: CancellationToken,
     handler: H,
+    on_refused: R,
 ) -> Result<(), HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
     H: Fn(Request<RecvStream>, SendResponse<Bytes>) -> F,
     F: Future<Output = ()> + Send + 'static,
+    R: Fn(),
 {
-    let mut connection = h2::server::Builder::new()
+    let handshake = h2::server::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME_SIZE)
         .max_send_buffer_size(MAX_SEND_BUFFER)
         .max_concurrent_streams(SERVER_MAX_CONCURRENT_STREAMS)
-        .handshake(io)
-        .await?;
+        .handshake(io);
+    let mut connection = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+        .await
+        .map_err(|_| HboneError::Timeout("waiting for the HTTP/2 handshake"))??;
+    let streams = Arc::new(Semaphore::new(SERVER_MAX_CONCURRENT_STREAMS as usize));
     let mut draining = false;
     loop {
         tokio::select! {
             next = connection.accept() => match next {
-                Some(Ok((request, respond))) => {
-                    tokio::spawn(handler(request, respond));
+                Some(Ok((request, mut respond))) => {
+                    let Ok(permit) = streams.clone().try_acquire_owned() else {
+                        debug!("refusing a stream: too many streams on this connection");
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        on_refused();
+                        continue;
+                    };
+                    let handling = handler(request, respond);
+                    tokio::spawn(async move {
+                        handling.await;
+                        drop(permit);
+                    });
                 }
                 Some(Err(e)) => {
                     debug!(error = %e, "HBONE connection failed");
@@ -60,4 +83,55 @@ pub fn respond_status(respond: &mut SendResponse<Bytes>, status: http::StatusCod
     *response.status_mut() = status;
     // The client may already be gone; nothing to do then.
     let _ = respond.send_response(response, true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn connect_request() -> Request<()> {
+        Request::builder()
+            .method(http::Method::CONNECT)
+            .uri("10.0.0.1:80")
+            .body(())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn handlers_beyond_the_stream_limit_are_refused_even_after_client_resets() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        let refused = Arc::new(AtomicUsize::new(0));
+        let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+        let counted = refused.clone();
+        tokio::spawn(serve_connection(
+            server_io,
+            CancellationToken::new(),
+            move |request, respond| {
+                let _ = started_tx.send(());
+                // A handler that outlives its stream (e.g. still dialing upstream).
+                async move {
+                    let _held = (request, respond);
+                    std::future::pending::<()>().await;
+                }
+            },
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+            },
+        ));
+        let (client, connection) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(connection);
+        for _ in 0..SERVER_MAX_CONCURRENT_STREAMS {
+            let mut ready = client.clone().ready().await.unwrap();
+            let (_, mut send) = ready.send_request(connect_request(), false).unwrap();
+            started.recv().await.unwrap();
+            // The reset frees h2's stream count; the handler keeps running.
+            send.send_reset(h2::Reason::CANCEL);
+        }
+        let mut ready = client.clone().ready().await.unwrap();
+        let (response, _send) = ready.send_request(connect_request(), false).unwrap();
+        let err = response.await.expect_err("refused");
+        assert_eq!(err.reason(), Some(h2::Reason::REFUSED_STREAM), "{err}");
+        assert_eq!(refused.load(Ordering::SeqCst), 1);
+    }
 }

@@ -3,11 +3,14 @@
 
 use std::future::poll_fn;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 
 /// Read buffer sizes from the TCP side. A connection starts small (idle
 /// connections cost little) and doubles its buffer while reads keep filling it, so
@@ -45,13 +48,15 @@ pub struct Transferred {
 }
 
 /// Copies until both directions have finished. Counters are bumped as bytes flow,
-/// so metrics of a long-lived connection move while it is open. On error the stream
-/// is reset so the peer does not wait for data that will never come.
+/// so metrics of a long-lived connection move while it is open. With `idle_timeout`,
+/// a copy that moves no byte either way for that long ends with `TimedOut`. On error
+/// the stream is reset so the peer does not wait for data that will never come.
 pub async fn copy_bidirectional<T>(
     tcp: T,
     stream: H2Stream,
     tcp_to_stream: &Counter,
     stream_to_tcp: &Counter,
+    idle_timeout: Option<Duration>,
 ) -> io::Result<Transferred>
 where
     T: AsyncRead + AsyncWrite + Unpin,
@@ -62,9 +67,23 @@ where
         _lease,
     } = stream;
     let (mut reader, mut writer) = tokio::io::split(tcp);
-    let up = tcp_to_h2(&mut reader, &mut send, tcp_to_stream);
-    let down = h2_to_tcp(&mut recv, &mut writer, stream_to_tcp);
-    match tokio::try_join!(up, down) {
+    let activity = Activity::new();
+    let result = {
+        let up = tcp_to_h2(&mut reader, &mut send, tcp_to_stream, &activity);
+        let down = h2_to_tcp(&mut recv, &mut writer, stream_to_tcp, &activity);
+        let copy = async { tokio::try_join!(up, down) };
+        match idle_timeout {
+            None => copy.await,
+            Some(timeout) => tokio::select! {
+                result = copy => result,
+                () = activity.idle_for(timeout) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no data either way for {timeout:?}"),
+                )),
+            },
+        }
+    };
+    match result {
         Ok((tcp_to_stream, stream_to_tcp)) => Ok(Transferred {
             tcp_to_stream,
             stream_to_tcp,
@@ -76,10 +95,44 @@ where
     }
 }
 
+/// When a copy last moved data, for its idle timeout.
+struct Activity {
+    start: Instant,
+    /// Milliseconds after `start`.
+    last: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.last.store(now, Ordering::Relaxed);
+    }
+
+    /// Resolves once nothing was touched for `timeout`.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            let last = self.start + Duration::from_millis(self.last.load(Ordering::Relaxed));
+            let deadline = last + timeout;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
 async fn tcp_to_h2<R: AsyncRead + Unpin>(
     reader: &mut R,
     send: &mut SendStream<Bytes>,
     counter: &Counter,
+    activity: &Activity,
 ) -> io::Result<u64> {
     let mut size = MIN_READ;
     let mut buf = BytesMut::new();
@@ -95,6 +148,7 @@ async fn tcp_to_h2<R: AsyncRead + Unpin>(
         size = next_read_size(size, n);
         total += n as u64;
         counter.inc_by(n as u64);
+        activity.touch();
         let mut data = buf.split().freeze();
         while !data.is_empty() {
             send.reserve_capacity(data.len());
@@ -135,6 +189,7 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
     recv: &mut RecvStream,
     writer: &mut W,
     counter: &Counter,
+    activity: &Activity,
 ) -> io::Result<u64> {
     let mut total = 0u64;
     while let Some(chunk) = recv.data().await {
@@ -146,6 +201,7 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
         recv.flow_control().release_capacity(n).map_err(h2_to_io)?;
         total += n as u64;
         counter.inc_by(n as u64);
+        activity.touch();
     }
     // END_STREAM becomes a TCP FIN towards the local side.
     writer.shutdown().await?;
@@ -216,5 +272,66 @@ mod tests {
         assert_eq!(next_read_size(MIN_READ, 100), MIN_READ);
         assert_eq!(next_read_size(MIN_READ, MIN_READ), 2 * MIN_READ);
         assert_eq!(next_read_size(MAX_READ, MAX_READ), MAX_READ);
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::*;
+    use http::{Method, Request, Response};
+
+    /// A CONNECT stream over an in-memory HTTP/2 connection: (client side, server side).
+    async fn stream_pair() -> ((SendStream<Bytes>, RecvStream), H2Stream) {
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        let server = tokio::spawn(async move {
+            let mut connection = h2::server::handshake(server_io).await.unwrap();
+            let (request, mut respond) = connection.accept().await.unwrap().unwrap();
+            let send = respond.send_response(Response::new(()), false).unwrap();
+            tokio::spawn(async move { while connection.accept().await.is_some() {} });
+            H2Stream::new(send, request.into_body())
+        });
+        let (client, connection) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(connection);
+        let request = Request::builder()
+            .method(Method::CONNECT)
+            .uri("10.0.0.1:80")
+            .body(())
+            .unwrap();
+        let (response, send) = client
+            .ready()
+            .await
+            .unwrap()
+            .send_request(request, false)
+            .unwrap();
+        let server_side = server.await.unwrap();
+        let recv = response.await.unwrap().into_body();
+        ((send, recv), server_side)
+    }
+
+    #[tokio::test]
+    async fn an_idle_stream_is_closed_and_a_busy_one_is_not() {
+        let ((mut client_send, _client_recv), stream) = stream_pair().await;
+        let (tcp, _app) = tokio::io::duplex(1024);
+        let counter = Counter::default();
+        let idle = Duration::from_millis(300);
+        let copy = tokio::spawn(async move {
+            copy_bidirectional(tcp, stream, &Counter::default(), &counter, Some(idle)).await
+        });
+        // Data every 100 ms keeps it open past the idle timeout...
+        for _ in 0..6 {
+            client_send
+                .send_data(Bytes::from_static(b"x"), false)
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!copy.is_finished(), "closed while busy");
+        // ...then silence closes it.
+        let started = Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(3), copy)
+            .await
+            .expect("closed when idle")
+            .unwrap();
+        assert_eq!(result.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(150));
     }
 }

@@ -316,7 +316,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("root-cert.pem");
         std::fs::write(&file, &pem).unwrap();
-        assert!(matches!(file.to_str().unwrap().parse(), Ok(RootCa::File(_))));
+        assert!(matches!(
+            file.to_str().unwrap().parse(),
+            Ok(RootCa::File(_))
+        ));
         assert!(matches!(pem.parse(), Ok(RootCa::Pem(_))));
         assert!("SYSTEM".parse::<RootCa>().is_err());
         assert!("/no/such/file".parse::<RootCa>().is_err());

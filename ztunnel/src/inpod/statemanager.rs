@@ -18,7 +18,7 @@ use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
 use crate::metrics::Metrics;
 use crate::proxy::connections::ConnectionManager;
-use crate::proxy::{Listeners, LocalWorkload, OwnPorts, ProxyInputs};
+use crate::proxy::{check_local_node, Listeners, LocalWorkload, OwnPorts, ProxyInputs};
 use crate::state::StateStore;
 
 /// What every pod's proxies share.
@@ -37,6 +37,8 @@ pub struct SharedInputs {
     pub drain_deadline: Duration,
     /// Ports no connection may be addressed to (loop protection).
     pub own_ports: OwnPorts,
+    /// `NODE_NAME`: pods discovery places on another node are refused.
+    pub node_name: String,
 }
 
 /// A pod as `/config_dump` shows it.
@@ -54,6 +56,7 @@ pub struct PodSummary {
 
 struct RunningPod {
     summary: PodSummary,
+    identity: Identity,
     drain: Drain,
     listeners: Vec<JoinHandle<()>>,
     /// Keeps the namespace alive while its proxies run.
@@ -69,6 +72,12 @@ pub struct PodRegistry {
 impl PodRegistry {
     pub fn summaries(&self) -> Vec<PodSummary> {
         lock(&self.pods).values().map(|(s, _)| s.clone()).collect()
+    }
+
+    /// Whether a pod served now has identity `id`.
+    fn serves_identity(&self, id: &Identity) -> bool {
+        let uri = id.to_uri();
+        lock(&self.pods).values().any(|(s, _)| s.identity == uri)
     }
 
     /// Drains every pod (shutdown): stop accepting, wait up to `deadline`.
@@ -128,6 +137,15 @@ impl PodProxies {
             return Err(format!(
                 "add for {uid}: workload info needs a namespace and a service account"
             ));
+        }
+        if let Err(reason) = check_local_node(
+            &self.inputs.state,
+            &info.namespace,
+            &info.name,
+            &self.inputs.node_name,
+        ) {
+            self.inputs.metrics.error("zds_pod_on_other_node");
+            return Err(format!("add for {uid}: {reason}"));
         }
         let started = Instant::now();
         let identity = Identity::new(
@@ -198,6 +216,7 @@ impl PodProxies {
             uid.clone(),
             RunningPod {
                 summary,
+                identity: identity.clone(),
                 drain,
                 listeners: handles,
                 _netns: netns,
@@ -264,8 +283,23 @@ impl PodProxies {
         for handle in pod.listeners {
             let _ = handle.await;
         }
+        // The last pod with this identity left the node: drop its leaf and stop
+        // renewing it (else every identity ever seen here stays cached and renewed).
+        let identity = pod.identity;
+        let certs = self.inputs.certs.clone();
+        if !self.pods.values().any(|p| p.identity == identity) {
+            certs.forget(&identity);
+            info!(%identity, "no pod on this node has this identity any more; certificate forgotten");
+        }
         let deadline = self.inputs.drain_deadline;
-        tokio::spawn(async move { pod.drain.drain(deadline).await });
+        let registry = self.registry.clone();
+        tokio::spawn(async move {
+            pod.drain.drain(deadline).await;
+            // A connection still finishing may have fetched the leaf again.
+            if !registry.serves_identity(&identity) {
+                certs.forget(&identity);
+            }
+        });
     }
 }
 

@@ -18,7 +18,9 @@ use tracing::{debug, info, warn};
 use super::ProxyInputs;
 use crate::hbone::server::{respond_status, serve_connection};
 use crate::hbone::stream::{copy_bidirectional, H2Stream};
-use crate::hbone::{HANDSHAKE_TIMEOUT, TLS_READ_BUFFER, TLS_SEND_BUFFER_LIMIT};
+use crate::hbone::{
+    HANDSHAKE_TIMEOUT, STREAM_IDLE_TIMEOUT, TLS_READ_BUFFER, TLS_SEND_BUFFER_LIMIT,
+};
 use crate::identity::{Identity, WorkloadCertificate};
 use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
 use crate::socket;
@@ -129,11 +131,17 @@ impl Inbound {
         };
         let this = self.clone();
         let drain = self.inputs.drain.accepting_token();
-        let result = serve_connection(tls, drain, move |request, respond| {
-            let this = this.clone();
-            let peer = peer.clone();
-            async move { this.handle(peer, request, respond).await }
-        })
+        let refused = self.inputs.metrics.clone();
+        let result = serve_connection(
+            tls,
+            drain,
+            move |request, respond| {
+                let this = this.clone();
+                let peer = peer.clone();
+                async move { this.handle(peer, request, respond).await }
+            },
+            move || refused.error("hbone_stream_limit"),
+        )
         .await;
         if let Err(e) = result {
             debug!(error = %e, "HBONE connection ended");
@@ -191,6 +199,17 @@ impl Inbound {
                 "unknown_workload",
             );
         };
+        if let Some(waypoint) = &dst.waypoint {
+            // Its L7 policy lives in the waypoint, which this ztunnel cannot verify the
+            // traffic went through (waypoints are not supported yet).
+            info!(%target, src = %peer.identity, waypoint = %waypoint.destination,
+                "refusing CONNECT: the workload names a waypoint, which this ztunnel does not support");
+            return refuse(
+                &mut respond,
+                StatusCode::UNAUTHORIZED,
+                "hbone_waypoint_required",
+            );
+        }
         let source = state.workload_by_ip(peer.addr.ip());
         let labels = ConnectionLabels::new(Reporter::destination)
             .with_source(source.as_deref(), Some(&peer.identity))
@@ -240,8 +259,12 @@ impl Inbound {
         let recorder = ConnectionRecorder::open(metrics, labels);
         let stream = H2Stream::new(send, request.into_body());
         tokio::select! {
-            result = copy_bidirectional(upstream, stream, &recorder.sent, &recorder.received) => match result {
+            result = copy_bidirectional(upstream, stream, &recorder.sent, &recorder.received, Some(STREAM_IDLE_TIMEOUT)) => match result {
                 Ok(t) => debug!(%target, down = t.tcp_to_stream, up = t.stream_to_tcp, "connection closed"),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    info!(%target, src = %peer.identity, error = %e, "connection closed: idle");
+                    metrics.error("hbone_stream_idle");
+                }
                 Err(e) => debug!(%target, error = %e, "connection ended with an error"),
             },
             () = registration.revoked.cancelled() => {

@@ -56,6 +56,12 @@ impl InboundPassthrough {
             metrics.error("unknown_workload");
             return;
         };
+        if let Some(waypoint) = &dst.waypoint {
+            info!(%target, src = %peer, waypoint = %waypoint.destination,
+                "refusing plaintext connection: the workload names a waypoint, which this ztunnel does not support");
+            metrics.error("plaintext_waypoint_required");
+            return;
+        }
         let source = state.workload_by_ip(peer.ip());
         let labels = ConnectionLabels::new(Reporter::destination)
             .with_source(source.as_deref(), None)

@@ -143,6 +143,28 @@ where
     tracing::debug!(proxy = name, "listener stopped");
 }
 
+/// `NODE_NAME` says which workloads this ztunnel may serve: a workload that discovery
+/// places on another node is refused (the node agent, or `PROXY_WORKLOAD_INFO`, named
+/// the wrong one). A workload discovery does not know (yet), a workload without a
+/// node, and a ztunnel without `NODE_NAME` pass.
+pub fn check_local_node(
+    state: &StateStore,
+    namespace: &str,
+    name: &str,
+    node_name: &str,
+) -> Result<(), String> {
+    if node_name.is_empty() {
+        return Ok(());
+    }
+    match state.workload_by_name(namespace, name) {
+        Some(w) if !w.node.is_empty() && w.node != node_name => Err(format!(
+            "workload {namespace}/{name} runs on node {}, not on this ztunnel's node {node_name} (NODE_NAME)",
+            w.node
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The ports ztunnel itself listens on, which are never a connection's destination.
 ///
 /// Istio's ztunnel refuses its proxy ports (15001, 15006, 15008): a connection addressed
@@ -197,6 +219,27 @@ impl Default for OwnPorts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workloads_of_other_nodes_are_not_served() {
+        let state = StateStore::new();
+        let mut snapshot = crate::state::ProxyState::new();
+        for (name, node) in [("here", "n1"), ("there", "n2"), ("nowhere", "")] {
+            snapshot.insert_workload(Workload {
+                name: name.into(),
+                namespace: "ns".into(),
+                node: node.into(),
+                ..Default::default()
+            });
+        }
+        state.replace_source("local", snapshot);
+        assert!(check_local_node(&state, "ns", "here", "n1").is_ok());
+        let err = check_local_node(&state, "ns", "there", "n1").unwrap_err();
+        assert!(err.contains("n2") && err.contains("NODE_NAME"), "{err}");
+        assert!(check_local_node(&state, "ns", "nowhere", "n1").is_ok());
+        assert!(check_local_node(&state, "ns", "unknown", "n1").is_ok());
+        assert!(check_local_node(&state, "ns", "there", "").is_ok());
+    }
 
     #[test]
     fn own_ports_are_istios_plus_ops_dns_and_configured_ones() {

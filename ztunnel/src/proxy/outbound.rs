@@ -45,6 +45,35 @@ enum Route {
     },
 }
 
+impl Route {
+    /// The waypoint the destination names, if any: (which resource, the waypoint).
+    /// The service's comes first, as the service's waypoint is the one Istio uses.
+    fn waypoint(&self) -> Option<(String, String)> {
+        let (workload, service) = match self {
+            Route::Hbone {
+                workload, service, ..
+            } => (Some(workload), service),
+            Route::Passthrough {
+                workload, service, ..
+            } => (workload.as_ref(), service),
+        };
+        if let Some(svc) = service {
+            if let Some(waypoint) = &svc.waypoint {
+                return Some((
+                    format!("service {}", svc.key()),
+                    waypoint.destination.to_string(),
+                ));
+            }
+        }
+        let workload = workload?;
+        let waypoint = workload.waypoint.as_ref()?;
+        Some((
+            format!("workload {workload}"),
+            waypoint.destination.to_string(),
+        ))
+    }
+}
+
 impl Outbound {
     pub fn new(inputs: ProxyInputs) -> Self {
         let pool = Pool::new(
@@ -93,6 +122,14 @@ impl Outbound {
                 return;
             }
         };
+        if let Some((bound, waypoint)) = route.waypoint() {
+            // Fail closed, as Istio does for a waypoint it cannot resolve: going
+            // around the waypoint would skip the L7 policy it enforces.
+            info!(dst = %orig_dst, %bound, %waypoint,
+                "refusing connection: the destination names a waypoint, which this ztunnel does not support");
+            metrics.error("outbound_waypoint_required");
+            return;
+        }
         let source = self.inputs.local_workload();
         let src_identity = &self.inputs.local.identity;
         match route {
@@ -239,7 +276,7 @@ impl Outbound {
             }
         };
         let recorder = ConnectionRecorder::open(&self.inputs.metrics, labels);
-        match copy_bidirectional(client, stream, &recorder.received, &recorder.sent).await {
+        match copy_bidirectional(client, stream, &recorder.received, &recorder.sent, None).await {
             Ok(t) => {
                 debug!(dst = %target, up = t.tcp_to_stream, down = t.stream_to_tcp, "connection closed")
             }

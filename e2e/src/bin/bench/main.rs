@@ -2,6 +2,7 @@
 //! and through the mesh) on the same namespaces, and reported as a ratio with the
 //! raw numbers beside it. It measures; it never fails on a number.
 
+mod ca;
 mod cni;
 mod enrollment;
 mod inpod;
@@ -13,7 +14,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+
+use report::Figure;
 
 #[derive(Parser)]
 #[command(about = "Mesh against direct, side by side")]
@@ -24,6 +27,41 @@ struct Args {
     /// Where every raw sample goes.
     #[arg(long, default_value = "bench/results.json")]
     out: PathBuf,
+    /// Run only these sections (comma-separated or repeated; default: all). Only
+    /// `ca` runs without root.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Section>,
+}
+
+/// The sections, in the order they run.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Section {
+    /// Two dedicated-mode ztunnels, one HBONE hop: throughput, latency, churn, pooling.
+    Standalone,
+    /// The CNI plugin's ADD against `loopback`.
+    Cni,
+    /// ZDS add-to-ack and ztunnel memory per pod.
+    Inpod,
+    /// The local cluster: gated CNI ADD, enrollment, agent memory.
+    Enrollment,
+    /// istiod-lite's CreateCertificate under load.
+    Ca,
+}
+
+impl Section {
+    fn needs_root(self) -> bool {
+        self != Section::Ca
+    }
+
+    fn run(self, plan: &Plan) -> Result<Vec<Figure>> {
+        match self {
+            Section::Standalone => standalone::run(plan),
+            Section::Cni => cni::run(plan),
+            Section::Inpod => inpod::run(plan),
+            Section::Enrollment => enrollment::run(plan),
+            Section::Ca => ca::run(plan),
+        }
+    }
 }
 
 /// How much of everything to do.
@@ -36,11 +74,19 @@ pub struct Plan {
     held: u64,
     cni_runs: usize,
     pods: usize,
+    ca_requests: usize,
+    ca_clients: usize,
+    ca_cold: usize,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    if !e2e::can_run_root_tests() {
+    let sections: Vec<Section> = Section::value_variants()
+        .iter()
+        .copied()
+        .filter(|s| args.only.is_empty() || args.only.contains(s))
+        .collect();
+    if sections.iter().any(|s| s.needs_root()) && !e2e::can_run_root_tests() {
         bail!("the benchmark builds network namespaces: run it as root");
     }
     let plan = if args.quick {
@@ -53,6 +99,9 @@ fn main() -> Result<()> {
             held: 200,
             cni_runs: 30,
             pods: 20,
+            ca_requests: 200,
+            ca_clients: 20,
+            ca_cold: 10,
         }
     } else {
         Plan {
@@ -64,6 +113,9 @@ fn main() -> Result<()> {
             held: 1000,
             cni_runs: 200,
             pods: 100,
+            ca_requests: 1000,
+            ca_clients: 50,
+            ca_cold: 30,
         }
     };
     // Both nodes' ztunnels share this machine's two cores; in a cluster each would
@@ -72,10 +124,10 @@ fn main() -> Result<()> {
         std::env::set_var("ZTUNNEL_WORKER_THREADS", "1");
     }
     let started = Instant::now();
-    let mut figures = standalone::run(&plan)?;
-    figures.extend(cni::run(&plan)?);
-    figures.extend(inpod::run(&plan)?);
-    figures.extend(enrollment::run(&plan)?);
+    let mut figures = Vec::new();
+    for section in sections {
+        figures.extend(section.run(&plan)?);
+    }
 
     report::print_table(&figures);
     eprintln!("(took {:.0} s)", started.elapsed().as_secs_f64());
@@ -84,5 +136,8 @@ fn main() -> Result<()> {
     }
     std::fs::write(&args.out, serde_json::to_string_pretty(&figures)?)?;
     eprintln!("raw samples: {}", args.out.display());
+    // Every process the run started carries its owner marker: none may outlive it.
+    let marker = e2e::cluster::sweep::owner_marker();
+    e2e::cluster::sweep::check_no_leftovers(&marker, std::time::Duration::from_secs(3))?;
     Ok(())
 }

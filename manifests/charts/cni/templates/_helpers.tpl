@@ -28,6 +28,13 @@ k8s-app: {{ include "cni.daemonset" . }}
 {{ .Values.image.hub }}/{{ .Values.image.name }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
+{{/* "true" when a socket must be handed to a non-root uid (chown needs CAP_CHOWN). */}}
+{{- define "cni.chownSockets" -}}
+{{- if or (ne (int64 .Values.pluginPeerUid) 0) (and .Values.ambient.enabled (ne (int64 .Values.ambient.ztunnelPeerUid) 0)) -}}
+true
+{{- end -}}
+{{- end }}
+
 {{/* Mount points inside the container (the host paths are values). */}}
 {{- define "cni.mountedBinDir" -}}/host/opt/cni/bin{{- end }}
 {{- define "cni.mountedConfDir" -}}/host/etc/cni/net.d{{- end }}

@@ -10,13 +10,13 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Pod, Service as KubeService, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use shared_types::constants::{REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
+use shared_types::constants::{HBONE_PORT, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
 use tracing::debug;
 
 use super::policy::ConvertedPolicy;
 use super::Options;
-use crate::state::service::NetworkAddress;
-use crate::state::workload::NetworkMode;
+use crate::state::service::{NamespacedHostname, NetworkAddress};
+use crate::state::workload::{GatewayAddress, GatewayDestination, NetworkMode};
 use crate::state::{HealthStatus, Protocol, Service, Workload};
 
 /// Istio's pod workload uid: `<cluster>//Pod/<namespace>/<name>` (the same shape
@@ -140,6 +140,61 @@ fn service_vips(svc: &KubeService) -> Vec<NetworkAddress> {
         .collect();
     out.dedup();
     out
+}
+
+/// Istio's label naming the waypoint of a pod, a service or (for all of its pods and
+/// services) a namespace. `none` opts a pod or service out of its namespace's.
+pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
+/// The waypoint's namespace, when not the labelled object's own.
+pub const USE_WAYPOINT_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-namespace";
+/// Istio's waypoint deployments carry this (value `istio.io-mesh-controller`); a
+/// waypoint never uses a waypoint.
+const GATEWAY_MANAGED_LABEL: &str = "gateway.istio.io/managed";
+const WAYPOINT_CONTROLLER: &str = "istio.io-mesh-controller";
+
+/// Namespace name -> its labels.
+pub type NamespaceLabels = HashMap<String, BTreeMap<String, String>>;
+
+/// The waypoint an object in `namespace` with `labels` uses, as istiod resolves the
+/// `istio.io/use-waypoint` labels: the object's own label, else its namespace's; the
+/// waypoint is the Service `<name>.<waypoint namespace>`, reached on HBONE.
+///
+/// istiod attaches a namespace's waypoint to pods only when the waypoint (a Gateway)
+/// is `istio.io/waypoint-for: workload|all`. Gateways are not watched here, so a
+/// labelled namespace binds its pods too: traffic is refused (see the proxies) rather
+/// than let through without the waypoint's policy.
+pub fn waypoint(
+    namespace: &str,
+    labels: Option<&BTreeMap<String, String>>,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    cluster_domain: &str,
+) -> Option<GatewayAddress> {
+    if labels
+        .and_then(|l| l.get(GATEWAY_MANAGED_LABEL))
+        .is_some_and(|v| v == WAYPOINT_CONTROLLER)
+    {
+        return None;
+    }
+    // The object's own label wins, `none` included.
+    let source = labels
+        .filter(|l| l.contains_key(USE_WAYPOINT_LABEL))
+        .or(namespace_labels)?;
+    let name = source.get(USE_WAYPOINT_LABEL)?.trim();
+    if name.is_empty() || name == "none" {
+        return None;
+    }
+    let waypoint_namespace = source
+        .get(USE_WAYPOINT_NAMESPACE_LABEL)
+        .map(|n| n.trim())
+        .filter(|n| !n.is_empty())
+        .unwrap_or(namespace);
+    Some(GatewayAddress {
+        destination: GatewayDestination::Hostname(NamespacedHostname {
+            namespace: waypoint_namespace.to_string(),
+            hostname: service_hostname(name, waypoint_namespace, cluster_domain),
+        }),
+        hbone_mtls_port: HBONE_PORT,
+    })
 }
 
 /// Converts a pod into a workload; `None` when it is not one: finished (only Running

@@ -258,10 +258,27 @@ fn build_is_sorted_and_deterministic() {
         ),
     ];
     let svcs = vec![svc_yaml(SVC)];
-    let one = build(&pods, &svcs, &[], &Default::default(), &opts());
+    let one = build(
+        &pods,
+        &svcs,
+        &Default::default(),
+        &[],
+        &Default::default(),
+        &opts(),
+    );
     let mut reversed = pods.clone();
     reversed.reverse();
-    assert_eq!(one, build(&reversed, &svcs, &[], &Default::default(), &opts()));
+    assert_eq!(
+        one,
+        build(
+            &reversed,
+            &svcs,
+            &Default::default(),
+            &[],
+            &Default::default(),
+            &opts()
+        )
+    );
     assert_eq!(one.workloads[0].name, "a");
     let state = one.to_state();
     let svc = state.service_by_vip("10.96.0.10".parse().unwrap()).unwrap();
@@ -272,4 +289,49 @@ fn build_is_sorted_and_deterministic() {
         targets,
         vec![("a".to_string(), 80), ("web-7d9f-abcde".to_string(), 8080)]
     );
+}
+
+#[test]
+fn use_waypoint_labels_bind_pods_and_services_as_istiod_does() {
+    let labels = |y: &str| -> BTreeMap<String, String> { serde_yaml::from_str(y).unwrap() };
+    let ns = labels("{istio.io/use-waypoint: wp}");
+    let domain = "cluster.local";
+    // A namespace's label applies to its objects without their own.
+    let w = waypoint("app", Some(&labels("{app: web}")), Some(&ns), domain).unwrap();
+    assert_eq!(w.destination.to_string(), "app/wp.app.svc.cluster.local");
+    assert_eq!(w.hbone_mtls_port, 15008);
+    // The object's own label wins, `none` included; the waypoint may live elsewhere.
+    let none = labels("{istio.io/use-waypoint: none}");
+    assert!(waypoint("app", Some(&none), Some(&ns), domain).is_none());
+    let elsewhere = labels("{istio.io/use-waypoint: mine, istio.io/use-waypoint-namespace: infra}");
+    let w = waypoint("app", Some(&elsewhere), None, domain).unwrap();
+    assert_eq!(
+        w.destination.to_string(),
+        "infra/mine.infra.svc.cluster.local"
+    );
+    // A waypoint never uses one; no label anywhere means none.
+    let managed = labels("{gateway.istio.io/managed: istio.io-mesh-controller}");
+    assert!(waypoint("app", Some(&managed), Some(&ns), domain).is_none());
+    assert!(waypoint("app", None, None, domain).is_none());
+    // Through build: the namespace's label reaches its pods and services.
+    let namespaces: NamespaceLabels = [("app".to_string(), ns)].into();
+    let built = build(
+        &[pod_yaml(POD)],
+        &[svc_yaml(SVC)],
+        &namespaces,
+        &[],
+        &Default::default(),
+        &opts(),
+    );
+    assert!(built.workloads[0].waypoint.is_some());
+    assert!(built.services[0].waypoint.is_some());
+    let unlabelled = build(
+        &[pod_yaml(POD)],
+        &[svc_yaml(SVC)],
+        &Default::default(),
+        &[],
+        &Default::default(),
+        &opts(),
+    );
+    assert!(unlabelled.workloads[0].waypoint.is_none());
 }

@@ -4,9 +4,10 @@
 //! Watches Pods, Services and `security.istio.io/v1` AuthorizationPolicies and
 //! PeerAuthentications (list and watch only, cluster-wide), converts them the way
 //! istiod does for ztunnel, and
-//! publishes the result as the StateStore source "kubernetes". Namespaces, Nodes and
-//! EndpointSlices are not watched: service endpoints come from Service selectors over
-//! pods (as istiod does for pods), and nothing here depends on namespace labels.
+//! publishes the result as the StateStore source "kubernetes". Namespaces are watched
+//! only for their `istio.io/use-waypoint` labels. Nodes and EndpointSlices are not
+//! watched: service endpoints come from Service selectors over pods (as istiod does
+//! for pods).
 //!
 //! Changes are coalesced for [`DEBOUNCE`] before a rebuild. Nothing is published until
 //! every kind has been listed once, so proxies never see pods without their policies.
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Service as KubeService};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service as KubeService};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::store::Writer;
 use kube::{Api, Client};
@@ -125,7 +126,7 @@ pub fn start(
     cancel: CancellationToken,
 ) -> KubernetesDiscovery {
     let changes = signal::Sender::new(0u64);
-    let kinds: [Arc<AtomicBool>; 4] = Default::default();
+    let kinds: [Arc<AtomicBool>; 5] = Default::default();
     let progress = |i: usize| Progress {
         changes: changes.clone(),
         synced: kinds[i].clone(),
@@ -137,13 +138,23 @@ pub fn start(
     let policies = Writer::<DynamicObject>::new(ap.clone());
     let pa = peer_authn::resource();
     let peer_authns = Writer::<DynamicObject>::new(pa.clone());
+    let namespaces = Writer::<Namespace>::default();
     let stores = Stores {
         pods: pods.as_reader(),
         services: services.as_reader(),
         policies: policies.as_reader(),
         peer_authentications: peer_authns.as_reader(),
+        namespaces: namespaces.as_reader(),
     };
     let c = &cancel;
+    watch::spawn(
+        "namespaces",
+        Api::all(client.clone()),
+        namespaces,
+        IfAbsent::Wait,
+        progress(4),
+        c.clone(),
+    );
     watch::spawn(
         "pods",
         Api::all(client.clone()),
@@ -197,7 +208,7 @@ pub fn start(
 async fn run(
     mut rebuilder: Rebuilder,
     mut changes: signal::Receiver<u64>,
-    kinds: [Arc<AtomicBool>; 4],
+    kinds: [Arc<AtomicBool>; 5],
     ready: Option<BlockReady>,
     synced: signal::Sender<bool>,
     cancel: CancellationToken,

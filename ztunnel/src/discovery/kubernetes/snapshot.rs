@@ -8,16 +8,17 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Service as KubeService};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service as KubeService};
 use kube::core::DynamicObject;
 use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 use tracing::{debug, info, warn};
 
-use super::convert::{self, ServiceInfo};
+use super::convert::{self, NamespaceLabels, ServiceInfo};
 use super::peer_authn::{self, Effective, PeerAuthentications};
 use super::policy::{self, ConvertedPolicy};
 use super::{Options, SOURCE};
+use crate::discovery::waypoints::{self, WaypointWarnings};
 use crate::state::{Authorization, ProxyState, Service, StateStore, Workload};
 
 /// The reflector stores a rebuild reads.
@@ -27,6 +28,8 @@ pub struct Stores {
     pub services: Store<KubeService>,
     pub policies: Store<DynamicObject>,
     pub peer_authentications: Store<DynamicObject>,
+    /// Only for their `istio.io/use-waypoint` labels.
+    pub namespaces: Store<Namespace>,
 }
 
 /// Everything the source publishes, sorted by key so two builds compare equal.
@@ -55,17 +58,31 @@ impl Built {
 
 /// Converts all objects. Pure: the same objects always give the same [`Built`].
 /// PeerAuthentications add, per workload, the policy keys of its effective mTLS mode
-/// (and the policies those keys name).
+/// (and the policies those keys name). Namespace labels give pods and services their
+/// namespace's waypoint.
 pub fn build(
     pods: &[Arc<Pod>],
     services: &[Arc<KubeService>],
+    namespaces: &NamespaceLabels,
     policies: &[ConvertedPolicy],
     peer_authns: &PeerAuthentications,
     opts: &Options,
 ) -> Built {
+    let waypoint = |namespace: &str, labels| {
+        convert::waypoint(
+            namespace,
+            labels,
+            namespaces.get(namespace),
+            &opts.cluster_domain,
+        )
+    };
     let services: Vec<ServiceInfo> = services
         .iter()
-        .filter_map(|s| convert::service(s, opts))
+        .filter_map(|s| {
+            let mut info = convert::service(s, opts)?;
+            info.service.waypoint = waypoint(&info.service.namespace, s.metadata.labels.as_ref());
+            Some(info)
+        })
         .collect();
     let mut by_namespace: HashMap<&str, Vec<&ServiceInfo>> = HashMap::new();
     for s in &services {
@@ -87,6 +104,7 @@ pub fn build(
             let ns = p.metadata.namespace.as_deref().unwrap_or_default();
             let services = by_namespace.get(ns).map(Vec::as_slice).unwrap_or_default();
             let mut w = convert::pod(p, services, policies, opts)?;
+            w.waypoint = waypoint(ns, p.metadata.labels.as_ref());
             let labels = p.metadata.labels.clone().unwrap_or_default();
             let key = match peer_authns.effective(ns, &labels) {
                 Effective::Permissive => return Some(w),
@@ -129,6 +147,8 @@ pub struct Rebuilder {
     logged: HashSet<String>,
     /// The same for PeerAuthentications.
     logged_peer_authns: HashSet<String>,
+    /// Waypoint-bound workloads and services already warned about.
+    waypoints: WaypointWarnings,
 }
 
 impl Rebuilder {
@@ -140,6 +160,7 @@ impl Rebuilder {
             last: None,
             logged: HashSet::new(),
             logged_peer_authns: HashSet::new(),
+            waypoints: WaypointWarnings::default(),
         }
     }
 
@@ -147,9 +168,17 @@ impl Rebuilder {
     pub fn rebuild(&mut self) -> bool {
         let policies = self.convert_policies();
         let peer_authns = self.convert_peer_authentications();
+        let namespaces: NamespaceLabels = self
+            .stores
+            .namespaces
+            .state()
+            .iter()
+            .filter_map(|ns| Some((ns.metadata.name.clone()?, ns.labels().clone())))
+            .collect();
         let built = build(
             &self.stores.pods.state(),
             &self.stores.services.state(),
+            &namespaces,
             &policies,
             &peer_authns,
             &self.opts,
@@ -157,6 +186,8 @@ impl Rebuilder {
         if self.last.as_ref() == Some(&built) {
             return false;
         }
+        self.waypoints
+            .report(SOURCE, waypoints::bound(&built.workloads, &built.services));
         let (w, s, p) = (
             built.workloads.len(),
             built.services.len(),
