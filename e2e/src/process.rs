@@ -131,3 +131,20 @@ pub fn wait_for<T>(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Polls the async `check` until it holds; panics after `timeout`. The async twin of
+/// [`wait_for`], for tests that run on a tokio runtime.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -3,12 +3,17 @@
 //! and, when installed (scripts/install-chart-tools.sh), a real kubectl.
 //! No root needed: everything listens on 127.0.0.1.
 
+mod support;
+
+use e2e::process::eventually;
+use support::*;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::apiserver::{write_kubeconfig, ApiServer, Control, Options};
+use e2e::apiserver::{write_kubeconfig, Options};
 use e2e::process::ChildGuard;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -21,44 +26,12 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::{mpsc, watch as state_channel};
 
-const WAIT: Duration = Duration::from_secs(20);
-
-/// An in-process server on a free port and a kube-rs client for it.
-async fn start(options: Options) -> (Control, Client) {
-    let server = ApiServer::bind_with("127.0.0.1:0", options)
-        .await
-        .expect("bind");
-    let client = client_for(&server.url());
-    (server.spawn(), client)
-}
-
-fn client_for(url: &str) -> Client {
-    let config = kube::Config::new(url.parse().expect("server url"));
-    Client::try_from(config).expect("client")
-}
-
 async fn client_from_kubeconfig(path: &Path) -> Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("read kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .expect("kubeconfig");
     Client::try_from(config).expect("client")
-}
-
-/// Polls `check` until it holds; panics after [`WAIT`].
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn pod(name: &str, node: &str, app: &str) -> Pod {
@@ -75,13 +48,6 @@ fn namespace(name: &str) -> Namespace {
 
 fn name_of(p: &Pod) -> String {
     p.metadata.name.clone().unwrap_or_default()
-}
-
-fn api_code(err: kube::Error) -> u16 {
-    match err {
-        kube::Error::Api(status) => status.code,
-        other => panic!("expected an API error, got {other}"),
-    }
 }
 
 #[tokio::test]
@@ -306,7 +272,7 @@ async fn kube_client_crud_patches_and_status() {
         .delete("demo", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("namespace demo to go", || async {
+    eventually("namespace demo to go", WAIT, || async {
         namespaces.get_opt("demo").await.unwrap().is_none()
     })
     .await;
@@ -525,13 +491,6 @@ async fn watcher_relists_after_410_without_losing_or_duplicating() {
     control.shutdown();
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 fn start_binary(name: &str, port: u16, state: Option<&Path>, kubeconfig: &Path) -> ChildGuard {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kube-apiserver-lite"));
     cmd.args([
@@ -546,18 +505,6 @@ fn start_binary(name: &str, port: u16, state: Option<&Path>, kubeconfig: &Path) 
         cmd.arg("--state-file").arg(state);
     }
     ChildGuard::spawn(name, cmd).expect("start kube-apiserver-lite")
-}
-
-async fn wait_ready(client: &Client, server: &ChildGuard) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while client.apiserver_version().await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "server not ready: {}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]
@@ -624,49 +571,6 @@ async fn binary_restart_with_state_file_and_watcher_recovery() {
     wait_ready(&client, &server).await;
     assert_eq!(wait_state(&mut state_rx, &[]).await, 2);
     drop(server);
-}
-
-/// kubectl from scripts/install-chart-tools.sh, else one on PATH.
-fn kubectl() -> Option<PathBuf> {
-    let candidates = [
-        PathBuf::from("/usr/local/bin/kubectl"),
-        PathBuf::from("kubectl"),
-    ];
-    candidates.into_iter().find(|k| {
-        Command::new(k)
-            .args(["version", "--client"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
-struct Kubectl {
-    bin: PathBuf,
-    kubeconfig: PathBuf,
-    cache: PathBuf,
-}
-
-impl Kubectl {
-    /// Runs kubectl off the async runtime; returns stdout, panics with stderr on failure.
-    async fn run(&self, args: &[&str]) -> String {
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .args(args);
-        let output = tokio::task::spawn_blocking(move || cmd.output())
-            .await
-            .unwrap()
-            .expect("run kubectl");
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "kubectl {args:?} failed: {}{stdout}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,13 +3,16 @@
 //! `kubectl auth whoami` through a real kubectl (when installed), and the signing key
 //! surviving a restart of the real binary. No root needed: everything is on 127.0.0.1.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use support::*;
+
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use e2e::apiserver::{write_kubeconfig, ApiServer, Control, Options, DEFAULT_ISSUER};
+use e2e::apiserver::{write_kubeconfig, Options, DEFAULT_ISSUER};
 use e2e::process::ChildGuard;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
@@ -17,29 +20,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-const WAIT: Duration = Duration::from_secs(20);
 const NS: &str = "default";
-
-/// An in-process server on a free port and a kube-rs client for it.
-async fn start(options: Options) -> (Control, Client) {
-    let server = ApiServer::bind_with("127.0.0.1:0", options)
-        .await
-        .expect("bind");
-    let client = client_for(&server.url());
-    (server.spawn(), client)
-}
-
-fn client_for(url: &str) -> Client {
-    let config = kube::Config::new(url.parse().expect("server url"));
-    Client::try_from(config).expect("client")
-}
-
-fn api_code(err: kube::Error) -> u16 {
-    match err {
-        kube::Error::Api(status) => status.code,
-        other => panic!("expected an API error, got {other}"),
-    }
-}
 
 async fn create_sa(client: &Client, name: &str) -> ServiceAccount {
     let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
@@ -589,49 +570,6 @@ async fn discovery_oidc_and_self_subject_review() {
     control.shutdown();
 }
 
-/// kubectl from scripts/install-chart-tools.sh, else one on PATH.
-fn kubectl() -> Option<PathBuf> {
-    let candidates = [
-        PathBuf::from("/usr/local/bin/kubectl"),
-        PathBuf::from("kubectl"),
-    ];
-    candidates.into_iter().find(|k| {
-        Command::new(k)
-            .args(["version", "--client"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
-struct Kubectl {
-    bin: PathBuf,
-    kubeconfig: PathBuf,
-    cache: PathBuf,
-}
-
-impl Kubectl {
-    /// Runs kubectl off the async runtime; returns stdout, panics with stderr on failure.
-    async fn run(&self, args: &[&str]) -> String {
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .args(args);
-        let output = tokio::task::spawn_blocking(move || cmd.output())
-            .await
-            .unwrap()
-            .expect("run kubectl");
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "kubectl {args:?} failed: {}{stdout}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_create_token_and_auth_whoami() {
     let Some(bin) = kubectl() else {
@@ -700,31 +638,12 @@ async fn kubectl_create_token_and_auth_whoami() {
     control.shutdown();
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 fn start_binary(name: &str, port: u16, state: &Path) -> ChildGuard {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kube-apiserver-lite"));
     cmd.args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--state-file")
         .arg(state);
     ChildGuard::spawn(name, cmd).expect("start kube-apiserver-lite")
-}
-
-async fn wait_ready(client: &Client, server: &ChildGuard) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while client.apiserver_version().await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "server not ready: {}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]

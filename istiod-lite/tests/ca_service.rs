@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use e2e::apiserver::{write_kubeconfig, ApiServer, Control, Options};
-use e2e::process::{wait_for, ChildGuard};
+use e2e::process::{eventually, wait_for, ChildGuard};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -404,7 +404,7 @@ async fn a_node_proxy_gets_its_own_pods_identities_and_every_refusal_is_counted(
         .delete("ztunnel-2", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the deletion to reach istiod-lite", || async {
+    eventually("the deletion to reach istiod-lite", WAIT, || async {
         f.request(Some(&z2), "Kubernetes", &ztunnel, Some(SERVER), 0)
             .await
             .is_err()
@@ -494,25 +494,10 @@ async fn the_leaf_carries_the_callers_identity_not_the_csrs() {
     // istiod-lite publishes the root in every namespace.
     let root = std::fs::read_to_string(f._dir.path().join("cacerts/root-cert.pem")).unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "app");
-    eventually("istio-ca-root-cert in app", || async {
+    eventually("istio-ca-root-cert in app", WAIT, || async {
         let cm = cms.get_opt("istio-ca-root-cert").await.ok().flatten();
         cm.and_then(|cm| cm.data)
             .is_some_and(|d| d.get("root-cert.pem") == Some(&root))
     })
     .await;
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
