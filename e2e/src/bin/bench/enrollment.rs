@@ -10,7 +10,7 @@ use e2e::cluster::LocalCluster;
 use e2e::mesh;
 
 use crate::procfs::rss_kib;
-use crate::report::{single, Figure};
+use crate::report::{percentile, single, Figure};
 use crate::Plan;
 
 pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
@@ -73,14 +73,7 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     let enrolled = 2 * plan.pods;
     let (agent_busy, ztunnel_busy) = (rss_kib(pid(&node.agent)), rss_kib(pid(&node.ztunnel)));
 
-    let mut sorted = gated_ms.clone();
-    sorted.sort_by(f64::total_cmp);
-    let pct = |p: f64| {
-        sorted
-            .get(((sorted.len().max(1) - 1) as f64 * p).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
+    let pct = |p| percentile(&gated_ms, p);
     let per_pod = |busy: u64, idle: u64| (busy.saturating_sub(idle)) as f64 / enrolled as f64;
     let mut figures = vec![
         single("gated CNI ADD (istio-cni step) p50", "ms", pct(0.5), ""),

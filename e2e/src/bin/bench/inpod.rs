@@ -10,7 +10,7 @@ use e2e::zds_agent::FakeAgent;
 use shared_types::zds::WorkloadInfo;
 
 use crate::procfs::rss_kib;
-use crate::report::{single, Figure};
+use crate::report::{percentile, single, Figure};
 use crate::Plan;
 
 pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
@@ -45,9 +45,7 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     }
     std::thread::sleep(Duration::from_millis(200));
     let rss_after = rss_kib(ztunnel.pid()) as f64;
-    let mut sorted = acks_ms.clone();
-    sorted.sort_by(f64::total_cmp);
-    let pct = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
+    let pct = |p| percentile(&acks_ms, p);
     let mut figures = vec![
         single("ZDS add to ack p50 (incl. cert mint)", "ms", pct(0.5), ""),
         single(

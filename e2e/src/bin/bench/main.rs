@@ -77,6 +77,9 @@ pub struct Plan {
     ca_requests: usize,
     ca_clients: usize,
     ca_cold: usize,
+    /// The paced run: requests per second across all clients, and how many.
+    ca_paced_rate: f64,
+    ca_paced_requests: usize,
 }
 
 fn main() -> Result<()> {
@@ -102,6 +105,8 @@ fn main() -> Result<()> {
             ca_requests: 200,
             ca_clients: 20,
             ca_cold: 10,
+            ca_paced_rate: 200.0,
+            ca_paced_requests: 200,
         }
     } else {
         Plan {
@@ -116,6 +121,8 @@ fn main() -> Result<()> {
             ca_requests: 1000,
             ca_clients: 50,
             ca_cold: 30,
+            ca_paced_rate: 500.0,
+            ca_paced_requests: 1000,
         }
     };
     // Both nodes' ztunnels share this machine's two cores; in a cluster each would

@@ -66,6 +66,16 @@ pub fn single(name: &str, unit: &'static str, value: f64, goal: &'static str) ->
     }
 }
 
+/// The `p` quantile (0..=1) of `samples`, nearest rank; 0 for none.
+pub fn percentile(samples: &[f64], p: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted
+        .get(((sorted.len().max(1) - 1) as f64 * p).round() as usize)
+        .copied()
+        .unwrap_or(0.0)
+}
+
 pub fn median(samples: &[f64]) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
