@@ -26,35 +26,37 @@ pub fn cluster_marker(tag: &str) -> String {
 /// Live processes whose [`OWNER_ENV`] is `marker` or a marker under it
 /// (`<marker>-…`), as (pid, command line). Zombies (no environment) are not counted.
 pub fn marked_processes(marker: &str) -> Vec<(i32, String)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
     let exact = format!("{OWNER_ENV}={marker}");
     let under = format!("{exact}-");
     let me = std::process::id() as i32;
-    let mut found = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        let marked = environ
-            .split(|b| *b == 0)
-            .any(|var| var == exact.as_bytes() || var.starts_with(under.as_bytes()));
-        if marked && pid != me {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+    let mut found: Vec<(i32, String)> = processes_with_environ()
+        .filter(|(pid, environ)| {
+            *pid != me
+                && environ
+                    .split(|b| *b == 0)
+                    .any(|var| var == exact.as_bytes() || var.starts_with(under.as_bytes()))
+        })
+        .map(|(pid, _)| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            found.push((pid, cmdline.trim().to_owned()));
-        }
-    }
+            (pid, cmdline.trim().to_owned())
+        })
+        .collect();
     found.sort();
     found
+}
+
+/// Every process whose environment can be read, as (pid, raw `environ`).
+fn processes_with_environ() -> impl Iterator<Item = (i32, Vec<u8>)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            Some((pid, environ))
+        })
 }
 
 /// Fails when processes marked `marker` are still alive after `grace` (killed
@@ -110,21 +112,8 @@ pub fn sweep_stale_dirs() {
 
 /// Kills processes marked by a harness process that no longer runs.
 pub fn sweep_stale_processes() {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
     let needle = format!("{OWNER_ENV}={PREFIX}");
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
+    for (pid, environ) in processes_with_environ() {
         let owner = environ
             .split(|b| *b == 0)
             .filter_map(|var| std::str::from_utf8(var).ok())
