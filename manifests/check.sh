@@ -154,7 +154,7 @@ combos=(
   "cni|--set chained=false --set istioOwnedCNIConfigFileName=01-mesh.conflist|$cni_cm.ISTIO_OWNED_CNI_CONFIG_FILENAME=01-mesh.conflist"
   "cni|--set uninstallOnExit=true|$cni_cm.CNI_UNINSTALL_ON_EXIT=true"
   "cni|--set ambient.ipv6=false|$cni_cm.AMBIENT_IPV6=false"
-  "cni|--set ambient.dnsCapture=true|$cni_cm.AMBIENT_DNS_CAPTURE=true"
+  "cni|--set ambient.dnsCapture=false|$cni_cm.AMBIENT_DNS_CAPTURE=false"
   "cni|--set ambient.reconcileIptablesOnStartup=true|$cni_cm.AMBIENT_RECONCILE_POD_RULES_ON_STARTUP=true"
   "cni|--set ambient.enabled=false|$cni_cm.AMBIENT_ENABLED=false; !$cni_ctr.securityContext.capabilities.add; !$cni_ds.volumes[name=cni-host-procfs]; !$cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS]"
   "cni|--set ambient.enabled=false --set extraCapabilities={DAC_OVERRIDE}|$cni_ctr.securityContext.capabilities.add.0=DAC_OVERRIDE"

@@ -96,7 +96,7 @@ struct Args {
     #[arg(long, env = "CNI_NETNS_DIR", default_value = "/var/run/netns")]
     cni_netns_dir: PathBuf,
     /// Redirect DNS to ztunnel's DNS proxy (per pod: `ambient.istio.io/dns-capture`).
-    #[arg(long, env = "AMBIENT_DNS_CAPTURE", num_args = 0..=1, default_value = "false",
+    #[arg(long, env = "AMBIENT_DNS_CAPTURE", num_args = 0..=1, default_value = "true",
           default_missing_value = "true", value_parser = BoolishValueParser::new())]
     ambient_dns_capture: bool,
     /// Program ip6tables too (for pods with an IPv6 address).

@@ -11,6 +11,7 @@ use crate::admin::Admin;
 use crate::config::{Config, DiscoverySource, ProxyMode, DEFAULT_AUTH_TOKEN};
 use crate::discovery::kubernetes;
 use crate::discovery::local::watch_local_file;
+use crate::dns::DnsProxy;
 use crate::drain::Drain;
 use crate::http;
 use crate::identity::caclient::{CaClient, CaClientConfig, TokenSource};
@@ -52,6 +53,7 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
     let shutdown = CancellationToken::new();
     let drain = Drain::new();
     let connections = ConnectionManager::new();
+    let dns = DnsProxy::from_config(&config, &state, &metrics.dns);
 
     let registry = PodRegistry::default();
     serve_operations(
@@ -119,6 +121,11 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
             let listeners =
                 Listeners::bind(&local_sockets, addrs).context("binding the proxy listeners")?;
             let sockets: Arc<dyn SocketFactory> = Arc::new(local_sockets);
+            if let Some(dns) = &dns {
+                dns.start(sockets.clone(), local.clone(), drain.clone())
+                    .await
+                    .with_context(|| format!("binding the DNS proxy to {}", dns.addr))?;
+            }
             listeners.spawn(ProxyInputs {
                 state: state.clone(),
                 certs: certs.clone(),
@@ -147,6 +154,7 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 drain_deadline: config.drain_deadline,
                 own_ports: OwnPorts::from_config(&config),
                 node_name: config.node_name.clone(),
+                dns,
             };
             let pods = PodProxies::new(shared, registry.clone());
             info!(socket = %config.inpod_uds.display(), "waiting for the node agent over ZDS");

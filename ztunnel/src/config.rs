@@ -117,6 +117,21 @@ pub struct Config {
     /// Cluster DNS domain: Kubernetes services are `<name>.<namespace>.svc.<domain>`.
     #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
+    /// Istio's DNS proxy (`ISTIO_META_DNS_CAPTURE`): on unless set to something other
+    /// than "true". The node agent's DNS capture sends pods' queries to it.
+    #[arg(long, env = "ISTIO_META_DNS_CAPTURE", default_value = "true", value_parser = parse_istio_bool)]
+    pub dns_capture: bool,
+    /// Where the DNS proxy listens (UDP and TCP): inside each pod in shared mode, on the
+    /// host in dedicated mode.
+    #[arg(
+        long,
+        env = "ISTIO_META_DNS_PROXY_ADDR",
+        default_value = "127.0.0.1:15053"
+    )]
+    pub dns_proxy_addr: SocketAddr,
+    /// False: the DNS proxy answers AAAA queries for mesh services with no address.
+    #[arg(long, env = "IPV6_ENABLED", default_value = "true", value_parser = parse_istio_bool)]
+    pub ipv6_enabled: bool,
     /// Istio's root namespace: its AuthorizationPolicies without a selector apply
     /// mesh-wide, those with a selector to matching pods in every namespace.
     #[arg(long, env = "ROOT_NAMESPACE", default_value = SYSTEM_NAMESPACE)]
@@ -183,6 +198,11 @@ pub fn xds_node_metadata_set() -> Vec<&'static str> {
         .into_iter()
         .filter(|var| std::env::var_os(var).is_some())
         .collect()
+}
+
+/// Istio's boolean settings: "true" in any case is on, anything else off.
+fn parse_istio_bool(s: &str) -> Result<bool, String> {
+    Ok(s.trim().eq_ignore_ascii_case("true"))
 }
 
 impl Config {

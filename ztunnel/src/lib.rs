@@ -11,6 +11,7 @@ pub mod app;
 pub mod capture;
 pub mod config;
 pub mod discovery;
+pub mod dns;
 pub mod drain;
 pub mod hbone;
 pub mod http;

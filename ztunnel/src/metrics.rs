@@ -1,12 +1,15 @@
 //! Prometheus metrics with Istio's names and labels, so existing Istio dashboards
 //! and alerts work unchanged.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::dns::DnsMetrics;
 use crate::identity::manager::CertMetrics;
 use crate::identity::Identity;
 use crate::state::workload::Workload;
@@ -132,6 +135,7 @@ pub struct Metrics {
     pub local_config_reloads: Counter,
     pub local_config_errors: Counter,
     pub certs: CertMetrics,
+    pub dns: Arc<DnsMetrics>,
 }
 
 impl Default for Metrics {
@@ -155,6 +159,7 @@ impl Metrics {
             local_config_reloads: Counter::default(),
             local_config_errors: Counter::default(),
             certs: CertMetrics::default(),
+            dns: Arc::default(),
             registry: Registry::default(),
         };
         // prometheus-client appends `_total` to counters on exposition.
@@ -226,6 +231,7 @@ impl Metrics {
             "Local config reloads rejected as invalid (the last good config stays)",
             metrics.local_config_errors.clone(),
         );
+        metrics.dns.register(&mut registry);
         Metrics {
             registry,
             ..metrics

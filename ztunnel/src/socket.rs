@@ -9,9 +9,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UdpSocket};
 
 pub type SocketFuture<'a> = Pin<Box<dyn Future<Output = io::Result<TcpSocket>> + Send + 'a>>;
+pub type UdpSocketFuture<'a> = Pin<Box<dyn Future<Output = io::Result<UdpSocket>> + Send + 'a>>;
+pub type ListenerFuture<'a> = Pin<Box<dyn Future<Output = io::Result<TcpListener>> + Send + 'a>>;
 
 /// Creates the proxy's sockets. Dedicated mode creates them in the proxy's own
 /// namespace; in-pod mode creates them inside a pod's namespace, on a thread that
@@ -19,6 +21,10 @@ pub type SocketFuture<'a> = Pin<Box<dyn Future<Output = io::Result<TcpSocket>> +
 pub trait SocketFactory: Send + Sync + 'static {
     /// An unconnected TCP socket for `family_of`'s address family, marked.
     fn tcp_socket(&self, family_of: SocketAddr) -> SocketFuture<'_>;
+    /// A marked UDP socket bound to `addr` (port 0: an ephemeral port).
+    fn udp_socket(&self, addr: SocketAddr) -> UdpSocketFuture<'_>;
+    /// A marked TCP listener on `addr` (not transparent).
+    fn tcp_listener(&self, addr: SocketAddr) -> ListenerFuture<'_>;
 }
 
 /// Sockets in the calling process's own network namespace.
@@ -32,6 +38,16 @@ impl SocketFactory for LocalSocketFactory {
         Box::pin(std::future::ready(
             marked_socket(family_of, self.mark).and_then(into_tokio_socket),
         ))
+    }
+
+    fn udp_socket(&self, addr: SocketAddr) -> UdpSocketFuture<'_> {
+        Box::pin(std::future::ready(
+            udp_socket(addr, self.mark).and_then(into_tokio_udp),
+        ))
+    }
+
+    fn tcp_listener(&self, addr: SocketAddr) -> ListenerFuture<'_> {
+        Box::pin(std::future::ready(self.listener(addr, false)))
     }
 }
 
@@ -61,6 +77,28 @@ pub fn marked_socket(family_of: SocketAddr, mark: u32) -> io::Result<Socket> {
 pub fn into_tokio_socket(socket: Socket) -> io::Result<TcpSocket> {
     socket.set_nonblocking(true)?;
     Ok(TcpSocket::from_std_stream(socket.into()))
+}
+
+/// A bound, marked UDP socket (not yet registered with tokio). A fixed port is shared
+/// with `SO_REUSEPORT`, as TCP listeners are, for a rolling update's two ztunnels.
+pub fn udp_socket(addr: SocketAddr, mark: u32) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_mark(mark)?;
+    if addr.port() != 0 {
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+    }
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+/// Hands a (blocking) socket2 UDP socket to tokio.
+pub fn into_tokio_udp(socket: Socket) -> io::Result<UdpSocket> {
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
 }
 
 /// A bound, listening, marked socket (not yet registered with tokio).

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tracing::error;
 
-use crate::socket::{self, SocketFactory, SocketFuture};
+use crate::socket::{self, ListenerFuture, SocketFactory, SocketFuture, UdpSocketFuture};
 
 /// `NSFS_MAGIC` from linux/magic.h: the filesystem of `/proc/<pid>/ns/*` and
 /// `/var/run/netns/*` bind mounts.
@@ -125,6 +125,21 @@ impl SocketFactory for PodSocketFactory {
                 .await?;
             socket::into_tokio_socket(socket)
         })
+    }
+
+    fn udp_socket(&self, addr: SocketAddr) -> UdpSocketFuture<'_> {
+        let mark = self.mark;
+        Box::pin(async move {
+            let socket = self
+                .executor
+                .run(&self.netns, move || socket::udp_socket(addr, mark))
+                .await?;
+            socket::into_tokio_udp(socket)
+        })
+    }
+
+    fn tcp_listener(&self, addr: SocketAddr) -> ListenerFuture<'_> {
+        Box::pin(self.listen(addr, false))
     }
 }
 

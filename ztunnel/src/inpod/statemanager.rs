@@ -14,11 +14,13 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::netns::{NetnsExecutor, PodNetns, PodSocketFactory};
+use crate::dns::DnsProxy;
 use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
 use crate::metrics::Metrics;
 use crate::proxy::connections::ConnectionManager;
 use crate::proxy::{check_local_node, Listeners, LocalWorkload, OwnPorts, ProxyInputs};
+use crate::socket::SocketFactory;
 use crate::state::StateStore;
 
 /// What every pod's proxies share.
@@ -39,6 +41,8 @@ pub struct SharedInputs {
     pub own_ports: OwnPorts,
     /// `NODE_NAME`: pods discovery places on another node are refused.
     pub node_name: String,
+    /// The DNS proxy each pod gets, unless ISTIO_META_DNS_CAPTURE turned it off.
+    pub dns: Option<DnsProxy>,
 }
 
 /// A pod as `/config_dump` shows it.
@@ -190,18 +194,28 @@ impl PodProxies {
             name: info.name.clone(),
             identity: identity.clone(),
         };
-        let handles = listeners.spawn(ProxyInputs {
+        let sockets: Arc<dyn SocketFactory> = Arc::new(factory);
+        // The capture rules send the pod's DNS here: without the server, DNS breaks.
+        let dns = match &self.inputs.dns {
+            Some(dns) => dns
+                .start(sockets.clone(), local.clone(), drain.clone())
+                .await
+                .map_err(|e| format!("DNS proxy on {} in the pod: {e}", dns.addr))?,
+            None => Vec::new(),
+        };
+        let mut handles = listeners.spawn(ProxyInputs {
             state: self.inputs.state.clone(),
             certs: self.inputs.certs.clone(),
             metrics: self.inputs.metrics.clone(),
             connections: self.inputs.connections.clone(),
-            sockets: Arc::new(factory),
+            sockets,
             local,
             drain: drain.clone(),
             transparent_inbound: true,
             cluster_id: self.inputs.cluster_id.clone(),
             own_ports: self.inputs.own_ports.clone(),
         });
+        handles.extend(dns);
         let summary = PodSummary {
             uid: uid.clone(),
             name: info.name,

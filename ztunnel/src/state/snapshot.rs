@@ -13,7 +13,7 @@ use rand::seq::IndexedRandom;
 use tracing::{debug, info};
 
 use super::policy::{Action, Authorization, ConnectionAttrs, Denied, Scope};
-use super::service::Service;
+use super::service::{Endpoint, Service};
 use super::workload::{NetworkMode, Workload};
 
 #[derive(Debug, Default, Clone)]
@@ -24,6 +24,8 @@ pub struct ProxyState {
     workloads_by_name: HashMap<(String, String), Arc<Workload>>,
     services: HashMap<String, Arc<Service>>,
     services_by_vip: HashMap<IpAddr, Arc<Service>>,
+    /// Hostname -> keys of the services with it (one per namespace that defines it).
+    services_by_hostname: HashMap<String, BTreeSet<String>>,
     /// Service key -> uids of workloads whose own `services` map names it.
     endpoints: HashMap<String, BTreeSet<String>>,
     policies: HashMap<String, Arc<Authorization>>,
@@ -106,11 +108,21 @@ impl ProxyState {
         for vip in &s.vips {
             self.services_by_vip.insert(vip.address, s.clone());
         }
+        self.services_by_hostname
+            .entry(s.hostname.clone())
+            .or_default()
+            .insert(key.clone());
         self.services.insert(key, s);
     }
 
     pub fn remove_service(&mut self, key: &str) -> Option<Arc<Service>> {
         let old = self.services.remove(key)?;
+        if let Some(keys) = self.services_by_hostname.get_mut(&old.hostname) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.services_by_hostname.remove(&old.hostname);
+            }
+        }
         for vip in &old.vips {
             if self
                 .services_by_vip
@@ -213,6 +225,16 @@ impl ProxyState {
         self.services.get(key).cloned()
     }
 
+    /// The service named `hostname` as a client in `namespace` sees it: its own
+    /// namespace's if it has one, else the first by namespace (Istio's preference when
+    /// several namespaces define one hostname, e.g. ServiceEntries).
+    pub fn service_by_hostname(&self, hostname: &str, namespace: &str) -> Option<Arc<Service>> {
+        let keys = self.services_by_hostname.get(hostname)?;
+        let own = format!("{namespace}/{hostname}");
+        let key = keys.get(&own).or_else(|| keys.first())?;
+        self.services.get(key).cloned()
+    }
+
     /// By `namespace/name`.
     pub fn policy(&self, key: &str) -> Option<Arc<Authorization>> {
         self.policies.get(key).cloned()
@@ -224,22 +246,37 @@ impl ProxyState {
     /// `AllowAll`.
     pub fn service_endpoints(&self, svc: &Service, port: u16) -> Vec<(Arc<Workload>, u16)> {
         let key = svc.key();
-        let mut out: Vec<(Arc<Workload>, u16)> = Vec::new();
+        self.endpoint_workloads(svc)
+            .into_iter()
+            .map(|(w, listed)| {
+                let target = listed
+                    .and_then(|ep| ep.port.get(&port).copied().filter(|p| *p != 0))
+                    .or_else(|| w.service_target_port(&key, port))
+                    .unwrap_or_else(|| svc.default_target_port(port));
+                (w, target)
+            })
+            .collect()
+    }
+
+    /// The workloads behind `svc` that may receive traffic, sorted by uid: those whose
+    /// own `services` map names it, then those the service lists itself (Istio's
+    /// `endpoints` map, returned beside the workload). Unhealthy ones are skipped unless
+    /// the service's health policy is `AllowAll`.
+    pub fn endpoint_workloads<'s>(
+        &self,
+        svc: &'s Service,
+    ) -> Vec<(Arc<Workload>, Option<&'s Endpoint>)> {
+        let mut out: Vec<(Arc<Workload>, Option<&Endpoint>)> = Vec::new();
         let mut seen = BTreeSet::new();
-        for uid in self.endpoints.get(&key).into_iter().flatten() {
+        for uid in self.endpoints.get(&svc.key()).into_iter().flatten() {
             let Some(w) = self.workloads.get(uid) else {
                 continue;
             };
-            if !svc.accepts_endpoint(w.status) {
-                continue;
+            if svc.accepts_endpoint(w.status) {
+                seen.insert(uid.as_str());
+                out.push((w.clone(), None));
             }
-            let target = w
-                .service_target_port(&key, port)
-                .unwrap_or_else(|| svc.default_target_port(port));
-            seen.insert(uid.as_str());
-            out.push((w.clone(), target));
         }
-        // Endpoints the service lists itself (Istio's `endpoints` map).
         for ep in svc.endpoints.values() {
             if seen.contains(ep.workload_uid.as_str()) {
                 continue;
@@ -247,18 +284,10 @@ impl ProxyState {
             let Some(w) = self.workloads.get(&ep.workload_uid) else {
                 continue;
             };
-            if !svc.accepts_endpoint(ep.status) || !svc.accepts_endpoint(w.status) {
-                continue;
+            if svc.accepts_endpoint(ep.status) && svc.accepts_endpoint(w.status) {
+                seen.insert(ep.workload_uid.as_str());
+                out.push((w.clone(), Some(ep)));
             }
-            let target = ep
-                .port
-                .get(&port)
-                .copied()
-                .filter(|p| *p != 0)
-                .or_else(|| w.service_target_port(&key, port))
-                .unwrap_or_else(|| svc.default_target_port(port));
-            seen.insert(ep.workload_uid.as_str());
-            out.push((w.clone(), target));
         }
         out.sort_by(|a, b| a.0.uid.cmp(&b.0.uid));
         out
