@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build build-release test lint fmt demo demo-up bench bench-quick clean
+.PHONY: setup build build-release test lint fmt fuzz demo demo-up bench bench-quick clean
 
 setup:
 	./scripts/setup.sh
@@ -25,6 +25,11 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+# Every cargo-fuzz target (each crate's fuzz/ directory), FUZZ_SECS seconds each
+# (default 60). Needs the nightly toolchain; says so and fails without it.
+fuzz:
+	./scripts/fuzz.sh
 
 # The local demo mesh (needs root).
 demo: setup build
