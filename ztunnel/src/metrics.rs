@@ -132,6 +132,9 @@ pub struct Metrics {
     /// Connections closed because a policy change denied them.
     pub policy_revoked: Counter,
     pub hbone_pool_connections: Gauge,
+    /// Requests retried on a fresh connection because the pooled one they were given
+    /// turned out to be dead.
+    pub hbone_pool_retries: Counter,
     pub local_config_reloads: Counter,
     pub local_config_errors: Counter,
     pub certs: CertMetrics,
@@ -156,6 +159,7 @@ impl Metrics {
             errors: Family::default(),
             policy_revoked: Counter::default(),
             hbone_pool_connections: Gauge::default(),
+            hbone_pool_retries: Counter::default(),
             local_config_reloads: Counter::default(),
             local_config_errors: Counter::default(),
             certs: CertMetrics::default(),
@@ -220,6 +224,11 @@ impl Metrics {
             "ztunnel_hbone_pool_connections",
             "HBONE connections currently held by the outbound pool",
             metrics.hbone_pool_connections.clone(),
+        );
+        registry.register(
+            "ztunnel_hbone_pool_retries",
+            "Requests retried on a new HBONE connection because the pooled one was dead",
+            metrics.hbone_pool_retries.clone(),
         );
         registry.register(
             "ztunnel_local_config_reloads",

@@ -198,7 +198,7 @@ async fn a_dead_connection_is_never_handed_out_again() {
     let pool = Pool::new(
         certs.clone(),
         socket::local(0),
-        metrics,
+        metrics.clone(),
         Duration::from_secs(300),
     );
     let mut stream = pool.connect(&request(&first)).await.unwrap();
@@ -207,15 +207,22 @@ async fn a_dead_connection_is_never_handed_out_again() {
 
     // The server goes away (its connections are cut) and comes back on the same port.
     first.drain.drain(Duration::ZERO).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pool.connection_count() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never noticed its connection died"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let second = start_server(&certs, first.hbone, echo).await;
 
-    let mut stream = pool
-        .connect(&request(&second))
-        .await
-        .expect("the pool opened a fresh connection instead of reusing the dead one");
+    let mut stream = pool.connect(&request(&second)).await.unwrap();
     round_trip(&mut stream, b"two").await;
     assert_eq!(pool.connection_count(), 1);
+    // A fresh connection from the start: the dead one was not handed out and then
+    // silently retried.
+    assert_eq!(metrics.hbone_pool_retries.get(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

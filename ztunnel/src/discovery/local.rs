@@ -178,7 +178,7 @@ pub async fn watch_local_file(
     reloads: Counter,
     errors: Counter,
     cancel: CancellationToken,
-) -> Result<(), DiscoveryError> {
+) -> Result<tokio::task::JoinHandle<()>, DiscoveryError> {
     let bytes = read(&path).await?;
     let state = parse_bytes(&bytes)?;
     let (w, s, p) = state.counts();
@@ -205,7 +205,7 @@ pub async fn watch_local_file(
         waypoints,
     };
     let mut rx = watcher.is_some().then_some(rx);
-    tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         // Dropping the watcher stops the OS watch; keep it for the task's lifetime.
         let _watcher = watcher;
         loop {
@@ -236,8 +236,7 @@ pub async fn watch_local_file(
             reloader.reload().await;
         }
         debug!("local config watch stopped");
-    });
-    Ok(())
+    }))
 }
 
 /// Watches the file's directory; only write-like events are forwarded (our own reads

@@ -272,7 +272,7 @@ async fn watch_reloads_valid_and_keeps_last_good_on_error() {
     let store = StateStore::new();
     let (reloads, errors) = (Counter::default(), Counter::default());
     let cancel = CancellationToken::new();
-    watch_local_file(
+    let watch = watch_local_file(
         path.clone(),
         store.clone(),
         reloads.clone(),
@@ -302,12 +302,16 @@ async fn watch_reloads_valid_and_keeps_last_good_on_error() {
     wait_until("in-place reload", || has(&store, "c")).await;
     assert_eq!((reloads.get(), errors.get()), (2, 1));
 
-    // After cancel, changes are no longer picked up.
+    // Cancel stops the watch: its task ends (a watch that ignored the cancel would
+    // time out here), so later changes are no longer picked up.
     cancel.cancel();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::timeout(Duration::from_secs(5), watch)
+        .await
+        .expect("the watch ends on cancel")
+        .unwrap();
     atomic_write(&path, &workload_yaml("d", "10.0.0.4"));
-    tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!has(&store, "d"));
+    assert_eq!((reloads.get(), errors.get()), (2, 1));
 }
 
 #[cfg(unix)]

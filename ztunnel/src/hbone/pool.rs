@@ -146,6 +146,7 @@ impl Pool {
             Attempt::Done(result) => result,
             Attempt::ConnectionFailed(e) if !fresh => {
                 debug!(dst = %req.key.dst, error = %e, "pooled HBONE connection failed; retrying on a new one");
+                self.metrics.hbone_pool_retries.inc();
                 let lease = self.open_into(&slot, req).await?;
                 match self.send(lease, req).await {
                     Attempt::Done(result) => result,
