@@ -33,7 +33,7 @@ impl Default for DnsMetrics {
             upstream_requests: Family::default(),
             upstream_failures: Family::default(),
             upstream_duration: Family::new_with_constructor(|| {
-                Histogram::new(UPSTREAM_BUCKETS.into_iter())
+                Histogram::new(UPSTREAM_BUCKETS)
             }),
         }
     }

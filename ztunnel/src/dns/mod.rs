@@ -117,7 +117,7 @@ pub enum Step {
     /// Send this answer.
     Reply(Vec<u8>),
     /// Not a mesh name: forward the query.
-    Forward(Upstream),
+    Forward(Box<Upstream>),
     /// Not a DNS query at all (or a response): say nothing.
     Ignore,
 }
@@ -176,16 +176,16 @@ impl DnsHandler {
                 protocol,
                 &request,
             )),
-            LocalAnswer::Unknown => Step::Forward(Upstream {
+            LocalAnswer::Unknown => Step::Forward(Box::new(Upstream {
                 query: bytes.to_vec(),
                 request,
                 labels,
-            }),
+            })),
         }
     }
 
     /// The upstream's answer to a forwarded query; SERVFAIL when none answered.
-    pub async fn forward(&self, upstream: Upstream, protocol: Protocol) -> Vec<u8> {
+    pub async fn forward(&self, upstream: Box<Upstream>, protocol: Protocol) -> Vec<u8> {
         self.metrics
             .upstream_requests
             .get_or_create(&upstream.labels)
