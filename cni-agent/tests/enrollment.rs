@@ -296,19 +296,16 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
         )
         .await
         .unwrap();
-    for _ in 0..100 {
-        let labelled = cache.cached_pod(&format!("{NS}/client")).is_some_and(|p| {
+    wait_cache(&cache, "the client's dataplane-mode=none label", |cache| {
+        cache.cached_pod(&format!("{NS}/client")).is_some_and(|p| {
             p.metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get("istio.io/dataplane-mode"))
                 == Some(&"none".to_string())
-        });
-        if labelled {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        })
+    })
+    .await;
     enroller.reconcile(&format!("{NS}/client")).await.unwrap();
     assert!(!owned_v4(&client_pod, backend).contains("ISTIO"));
     assert_eq!(annotation(&client, "client").await, None);

@@ -22,19 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 fn plugin_binary() -> Option<PathBuf> {
     let path = e2e::workspace_binary("istio-cni");
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} missing: CI must build the workspace binaries first",
-        path.display()
-    );
-    eprintln!(
-        "skipping: {} not built (cargo build --bins)",
-        path.display()
-    );
-    None
+    let built = path.is_file();
+    let what = format!("{} not built (cargo build --bins)", path.display());
+    e2e::prerequisite(built, &what).then_some(path)
 }
 
 /// Installs into `node` with the plugin pointed at `run_dir`, and returns the netconf

@@ -279,16 +279,21 @@ fn conformance(version: &str, tag: &str, subnet_octet: u8) {
         chain.check(&cached);
     }
 
+    // host-local keeps one file per reserved address, named by the address.
+    let address = ip.split('/').next().unwrap_or_default().to_owned();
+    let reserved = || {
+        let dir = chain.dir.path().join("ipam").join(&chain.name);
+        std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("host-local's store {}: {e}", dir.display()))
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy() == address)
+    };
+    assert!(reserved(), "host-local never recorded {address}");
+
     chain.del(&cached);
     let gone = chain.pod.exec(&["ip", "link", "show", IFNAME]);
     assert!(gone.is_err(), "{IFNAME} still in the pod after DEL");
-    let reserved = std::fs::read_dir(chain.dir.path().join("ipam").join(&chain.name))
-        .map(|dir| {
-            dir.filter_map(|e| e.ok())
-                .any(|e| ip.starts_with(&*e.file_name().to_string_lossy()))
-        })
-        .unwrap_or(false);
-    assert!(!reserved, "host-local still holds {ip} after DEL");
+    assert!(!reserved(), "host-local still holds {address} after DEL");
 }
 
 #[test]

@@ -7,6 +7,7 @@
 pub mod apiserver;
 pub mod capture;
 pub mod cluster;
+pub mod dns;
 pub mod mesh;
 pub mod netns;
 pub mod pods;
@@ -15,14 +16,23 @@ pub mod standalone;
 pub mod zds_agent;
 
 /// True when the test may build namespaces. Root tests call this first and return
-/// early (with a message) when it is false, so `cargo test` works unprivileged too.
+/// early (with a message) when it is false, so `cargo test` works unprivileged too;
+/// under CI the test fails instead (see [`prerequisite`]).
 pub fn can_run_root_tests() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        eprintln!("skipping: this test needs root (network namespaces, iptables)");
+    prerequisite(root, "this test needs root (network namespaces, iptables)")
+}
+
+/// Whether a test's prerequisite (`met`) holds. Outside CI a test without it skips,
+/// saying `what` is missing; under CI (`CI` set) it fails naming it, so a missing tool
+/// or privilege can never hide a regression behind a green run.
+pub fn prerequisite(met: bool, what: &str) -> bool {
+    if !met {
+        assert!(std::env::var_os("CI").is_none(), "CI: {what}");
+        eprintln!("skipping: {what}");
     }
-    root
+    met
 }
 
 /// Path of a binary built by this workspace (`target/<profile>/<name>`), found
@@ -46,4 +56,28 @@ pub fn cni_reference_plugin_dir() -> std::path::PathBuf {
         }
     }
     panic!("CNI reference plugins not found: apt-get install containernetworking-plugins");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_prerequisite_skips_outside_ci_and_fails_under_it() {
+        // nextest runs each test in a process of its own: this variable is ours alone.
+        std::env::remove_var("CI");
+        assert!(prerequisite(true, "present"));
+        assert!(!prerequisite(false, "widget missing"));
+
+        std::env::set_var("CI", "true");
+        assert!(prerequisite(true, "present"));
+        let failure = std::panic::catch_unwind(|| prerequisite(false, "widget missing"))
+            .expect_err("under CI a missing prerequisite fails the test");
+        let message = failure
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(message, "CI: widget missing");
+        std::env::remove_var("CI");
+    }
 }

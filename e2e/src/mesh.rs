@@ -39,10 +39,22 @@ pub fn start_dedicated_ztunnel(
     ca_dir: &Path,
     local_config: &Path,
 ) -> Result<ChildGuard> {
-    let env = [
+    start_dedicated_ztunnel_with(ns, workload_info, ca_dir, local_config, &[])
+}
+
+/// [`start_dedicated_ztunnel`] with more environment variables (`extra_env`).
+pub fn start_dedicated_ztunnel_with(
+    ns: &Netns,
+    workload_info: &str,
+    ca_dir: &Path,
+    local_config: &Path,
+    extra_env: &[(&str, &str)],
+) -> Result<ChildGuard> {
+    let mut env = vec![
         ("PROXY_MODE", "dedicated"),
         ("PROXY_WORKLOAD_INFO", workload_info),
     ];
+    env.extend_from_slice(extra_env);
     start_ztunnel(ns, ca_dir, local_config, &env)
 }
 

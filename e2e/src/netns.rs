@@ -1,11 +1,12 @@
 //! Network namespaces that exist only for one test.
 //!
 //! A [`Netns`] is deleted when dropped, which also removes every veth end, route and
-//! iptables rule inside it. Names are `PREFIX<pid>-<tag>`; [`sweep_stale`] removes
-//! namespaces of test processes that no longer run.
+//! iptables rule inside it, and its `/etc/netns/<name>` files. Names are
+//! `PREFIX<pid>-<tag>`; [`sweep_stale`] removes namespaces (and their `/etc/netns`
+//! files) of test processes that no longer run.
 
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Once;
 
@@ -85,7 +86,29 @@ impl Netns {
     pub fn stdout(&self, argv: &[&str]) -> Result<String> {
         Ok(String::from_utf8_lossy(&self.exec(argv)?.stdout).into_owned())
     }
+
+    /// Gives processes started with [`Netns::command`] their own `/etc/resolv.conf`:
+    /// `ip netns exec` bind-mounts `/etc/netns/<name>/*` over `/etc/` in the mount
+    /// namespace it makes, so the machine's own file is never touched. Processes
+    /// already running keep what they read. Removed when the namespace is dropped.
+    pub fn set_resolv_conf(&self, text: &str) -> Result<()> {
+        let dir = self.etc_dir();
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Write-then-rename: a process starting now sees the old file or the new one.
+        let tmp = dir.join(".resolv.conf.tmp");
+        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, dir.join("resolv.conf"))?;
+        Ok(())
+    }
+
+    /// `/etc/netns/<name>`: files `ip netns exec` puts over `/etc/` for this namespace.
+    pub fn etc_dir(&self) -> PathBuf {
+        Path::new(ETC_NETNS).join(&self.name)
+    }
 }
+
+/// Where `ip netns exec` looks for per-namespace `/etc` files (iproute2 convention).
+const ETC_NETNS: &str = "/etc/netns";
 
 impl Drop for Netns {
     fn drop(&mut self) {
@@ -93,6 +116,7 @@ impl Drop for Netns {
         let _ = Command::new("ip")
             .args(["netns", "delete", &self.name])
             .output();
+        let _ = std::fs::remove_dir_all(self.etc_dir());
     }
 }
 
@@ -122,23 +146,32 @@ pub fn link(a: &Netns, a_addr: &str, b: &Netns, b_addr: &str) -> Result<()> {
     Ok(())
 }
 
-/// Deletes namespaces named by this harness whose creating process is gone.
+/// Deletes namespaces named by this harness whose creating process is gone, and their
+/// `/etc/netns` directories (also those whose namespace is already gone).
 pub fn sweep_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or_default();
-        let Some(rest) = name.strip_prefix(PREFIX) else {
-            continue;
-        };
-        let pid: Option<u32> = rest.split('-').next().and_then(|p| p.parse().ok());
-        if let Some(pid) = pid {
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+    if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            if owner_is_gone(name) {
                 let _ = Command::new("ip").args(["netns", "delete", name]).output();
             }
         }
     }
+    for entry in std::fs::read_dir(ETC_NETNS).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if owner_is_gone(&name) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// True for a harness name (`zte<pid>-…`) whose process no longer runs.
+fn owner_is_gone(name: &str) -> bool {
+    let pid: Option<u32> = name
+        .strip_prefix(PREFIX)
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|p| p.parse().ok());
+    pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
 }
 
 fn run(cmd: &mut Command) -> Result<Output> {
@@ -151,4 +184,44 @@ fn run(cmd: &mut Command) -> Result<Output> {
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespaces_resolv_conf_is_seen_inside_and_removed_with_it() -> Result<()> {
+        if !crate::can_run_root_tests() {
+            return Ok(());
+        }
+        let ns = Netns::new("rslv")?;
+        let text = "nameserver 192.0.2.53\nsearch demo.svc.cluster.local\n";
+        ns.set_resolv_conf(text)?;
+        assert_eq!(ns.stdout(&["cat", "/etc/resolv.conf"])?, text);
+        let dir = ns.etc_dir();
+        drop(ns);
+        assert!(!dir.exists(), "{} left behind", dir.display());
+        Ok(())
+    }
+
+    #[test]
+    fn the_sweep_removes_etc_files_of_dead_runs_only() -> Result<()> {
+        if !crate::can_run_root_tests() {
+            return Ok(());
+        }
+        // pid_max is at most 2^22, so this pid never runs.
+        let dead = Path::new(ETC_NETNS).join(format!("{PREFIX}99999999-x"));
+        let alive = Path::new(ETC_NETNS).join(format!("{PREFIX}{}-sweep", std::process::id()));
+        for dir in [&dead, &alive] {
+            std::fs::create_dir_all(dir)?;
+            std::fs::write(dir.join("resolv.conf"), "nameserver 192.0.2.53\n")?;
+        }
+        sweep_stale();
+        let (dead_left, alive_left) = (dead.exists(), alive.exists());
+        let _ = std::fs::remove_dir_all(&alive);
+        assert!(!dead_left, "{} was not swept", dead.display());
+        assert!(alive_left, "{} of a live run was swept", alive.display());
+        Ok(())
+    }
 }

@@ -3,6 +3,7 @@
 //! namespace.
 
 use anyhow::Result;
+use cni_agent::redirect::rules::{InpodRules, IpFamily};
 
 use crate::netns::Netns;
 
@@ -134,23 +135,60 @@ COMMIT
 impl Pod {
     /// Programs Istio's in-pod redirection, as the node agent would.
     pub fn capture(&self) -> Result<()> {
+        self.restore("iptables-restore", ISTIO_INPOD_RULES)?;
+        self.policy_route(IpFamily::V4)
+    }
+
+    /// Programs the rules the node agent itself renders for `rules` (e.g. with DNS
+    /// capture), one `iptables-restore` transaction per family as the agent applies
+    /// them to a fresh pod, plus the policy route for ztunnel's transparent sockets.
+    pub fn capture_with(&self, rules: &InpodRules) -> Result<()> {
+        for set in rules.rule_sets() {
+            let program = match set.family {
+                IpFamily::V4 => "iptables-restore",
+                IpFamily::V6 => "ip6tables-restore",
+            };
+            self.restore(program, &set.render())?;
+            self.policy_route(set.family)?;
+        }
+        Ok(())
+    }
+
+    /// Loads `text` with `program --noflush` inside the pod.
+    fn restore(&self, program: &str, text: &str) -> Result<()> {
         let mut child = self
             .ns
-            .command("iptables-restore")
+            .command(program)
             .arg("--noflush")
             .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .spawn()?;
         use std::io::Write;
         child
             .stdin
             .take()
             .ok_or_else(|| anyhow::anyhow!("no stdin"))?
-            .write_all(ISTIO_INPOD_RULES.as_bytes())?;
-        if !child.wait()?.success() {
-            anyhow::bail!("iptables-restore failed in {}", self.ns.name());
+            .write_all(text.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "{program} failed in {}: {}\ninput:\n{text}",
+                self.ns.name(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
+        Ok(())
+    }
+
+    /// Istio's policy route: connmarked packets are delivered locally (table 100).
+    fn policy_route(&self, family: IpFamily) -> Result<()> {
+        let (flag, any) = match family {
+            IpFamily::V4 => ("-4", "0.0.0.0/0"),
+            IpFamily::V6 => ("-6", "::/0"),
+        };
         self.ns.exec(&[
             "ip",
+            flag,
             "rule",
             "add",
             "fwmark",
@@ -161,15 +199,7 @@ impl Pod {
             "100",
         ])?;
         self.ns.exec(&[
-            "ip",
-            "route",
-            "add",
-            "local",
-            "0.0.0.0/0",
-            "dev",
-            "lo",
-            "table",
-            "100",
+            "ip", flag, "route", "add", "local", any, "dev", "lo", "table", "100",
         ])?;
         Ok(())
     }

@@ -573,7 +573,6 @@ async fn discovery_oidc_and_self_subject_review() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_create_token_and_auth_whoami() {
     let Some(bin) = kubectl() else {
-        eprintln!("skipping: kubectl not installed (run scripts/install-chart-tools.sh)");
         return;
     };
     let (control, client) = start(Options::default()).await;

@@ -393,6 +393,23 @@ fn a_service_vip_is_resolved_by_ztunnel() {
     let answer = send_ok(&c, "m", "client", &format!("{vip}:80"), 5_000);
     assert_eq!(answer["bytes"], 5_000);
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 5_000.0);
+
+    // And by name: the agent captures DNS by default, and the pod's resolver (kubelet's
+    // resolv.conf: clusterDNS, `m.svc.cluster.local` first in the search path) gets
+    // the VIP from ztunnel's DNS proxy inside the pod.
+    let hosts = c
+        .exec_in_pod("m", "client", &["getent", "hosts", "sink"])
+        .unwrap();
+    assert_eq!(
+        hosts.split_whitespace().next(),
+        Some(vip.as_str()),
+        "{hosts}"
+    );
+    let answer = send_ok(&c, "m", "client", "sink:80", 3_000);
+    assert_eq!(answer["bytes"], 3_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 8_000.0);
+    let dns = ztunnel_counter(&c, 1, "istio_dns_requests_total", &[]);
+    assert!(dns >= 1.0, "node-1's ztunnel answered no DNS query");
 }
 
 #[test]
@@ -513,9 +530,35 @@ fn a_long_lived_connection_survives_an_agent_restart() {
     std::thread::sleep(Duration::from_secs(1));
     c.node_mut(1).start_agent().unwrap();
     c.node_mut(2).start_agent().unwrap();
+    // Each new agent becomes ready, found its node's enrolled pod in its startup
+    // reconcile, and has its node's ztunnel back on ZDS.
+    for node in [1u8, 2] {
+        let ns = &c.node(node).ns;
+        wait_for(&format!("node-{node}'s new agent to be ready"), T, || {
+            e2e::mesh::http_get(ns, "http://127.0.0.1:8000/readyz").ok()
+        })
+        .unwrap();
+        wait_for(
+            &format!("node-{node}'s agent to restore its pod and ztunnel to reconnect"),
+            T,
+            || {
+                let m = e2e::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
+                let restored = metric_sum(&m, "istio_cni_pods_enrolled", &[]) == 1.0;
+                let connected = metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
+                (restored && connected).then_some(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.node(node).logs()));
+    }
     let status = ping.wait_timeout(T).expect("ping finished");
     assert!(status.success(), "the connection broke: {}", ping.log());
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 60.0 * 64.0);
+
+    // A pod created after the restart is enrolled by the new agent.
+    ambient_pod(&c, "late", 1, "late", &[], IDLE);
+    let ping = ["e2e-app", "ping", "--connect", &target, "--count", "3"];
+    c.exec_in_pod("m", "late", &ping).unwrap();
+    assert_mtls(&c, 2, ("m", "late"), ("m", "server"), 3.0 * 64.0);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! every bad request gets Istio's error answer and a counter, never a crash, and
 //! the ztunnel keeps serving good requests afterwards.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +80,7 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
     let chain = cert.chain.clone();
     let key = cert.private_key();
 
+    let server_ns = &server;
     client.run_inside(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -86,29 +88,35 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
             .unwrap();
         runtime.block_on(async move {
             // Plain TCP: no TLS at all.
-            let mut tcp = TcpStream::connect(HBONE).await.unwrap();
-            tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
-            let mut buf = [0u8; 64];
-            let n = tcp.read(&mut buf).await.unwrap_or(0);
-            assert!(
-                n == 0 || !buf[..n].starts_with(b"HTTP"),
-                "plain TCP got an HTTP answer"
-            );
+            refused_once(server_ns, "tls_handshake", async {
+                let mut tcp = TcpStream::connect(HBONE).await.unwrap();
+                tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut buf = [0u8; 64];
+                let n = tcp.read(&mut buf).await.unwrap_or(0);
+                assert!(
+                    n == 0 || !buf[..n].starts_with(b"HTTP"),
+                    "plain TCP got an HTTP answer"
+                );
+            })
+            .await;
 
             // TLS without a client certificate: the server refuses the handshake.
-            let no_cert =
-                rustls::ClientConfig::builder_with_provider(ztunnel::tls::crypto_provider())
-                    .with_protocol_versions(&[&rustls::version::TLS13])
-                    .unwrap()
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(AcceptAnyServer))
-                    .with_no_client_auth();
-            assert!(
-                h2_session(no_cert, HBONE).await.is_err(),
-                "TLS without client cert must fail"
-            );
+            refused_once(server_ns, "tls_handshake", async {
+                let no_cert =
+                    rustls::ClientConfig::builder_with_provider(ztunnel::tls::crypto_provider())
+                        .with_protocol_versions(&[&rustls::version::TLS13])
+                        .unwrap()
+                        .dangerous()
+                        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer))
+                        .with_no_client_auth();
+                assert!(
+                    h2_session(no_cert, HBONE).await.is_err(),
+                    "TLS without client cert must fail"
+                );
+            })
+            .await;
 
             let with_cert = || {
                 let mut config =
@@ -123,37 +131,67 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
                 config
             };
             let mut h2 = h2_session(with_cert(), HBONE).await.expect("mTLS session");
-            assert_eq!(
-                status(&mut h2, Method::GET, "http://10.10.0.2:9000/").await,
-                StatusCode::METHOD_NOT_ALLOWED
-            );
-            assert_eq!(
-                status(&mut h2, Method::CONNECT, "not-an-ip:9000").await,
-                StatusCode::BAD_REQUEST
-            );
-            assert_eq!(
-                status(&mut h2, Method::CONNECT, "10.99.0.1:9000").await,
-                StatusCode::BAD_REQUEST
-            );
             let mut other = h2_session(with_cert(), OTHER_HBONE)
                 .await
                 .expect("mTLS session");
-            assert_eq!(
-                status(&mut other, Method::CONNECT, "10.10.0.3:9000").await,
-                StatusCode::SERVICE_UNAVAILABLE
-            );
-            assert_eq!(
-                status(&mut h2, Method::CONNECT, "10.10.0.2:1").await,
-                StatusCode::SERVICE_UNAVAILABLE
-            );
+            // Each refusal moves its own counter, by one. `other` reached B's second
+            // address, which belongs to no workload.
+            let cases = [
+                (
+                    false,
+                    Method::GET,
+                    "http://10.10.0.2:9000/",
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "not_connect",
+                ),
+                (
+                    false,
+                    Method::CONNECT,
+                    "not-an-ip:9000",
+                    StatusCode::BAD_REQUEST,
+                    "bad_authority",
+                ),
+                // An address other than the one the connection reached.
+                (
+                    false,
+                    Method::CONNECT,
+                    "10.99.0.1:9000",
+                    StatusCode::BAD_REQUEST,
+                    "authority_mismatch",
+                ),
+                (
+                    true,
+                    Method::CONNECT,
+                    "10.10.0.3:9000",
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unknown_workload",
+                ),
+                (
+                    false,
+                    Method::CONNECT,
+                    "10.10.0.2:1",
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "upstream_connect",
+                ),
+            ];
+            for (on_other, method, uri, want, reason) in cases {
+                let session = if on_other { &mut other } else { &mut h2 };
+                refused_once(server_ns, reason, async {
+                    assert_eq!(status(session, method, uri).await, want, "{uri}");
+                })
+                .await;
+            }
             // ztunnel's own ports: 503, as Istio. 15008 would otherwise loop into
             // ztunnel's own HBONE listener (it listens on all addresses here).
             for port in [15008, 15006, 15020, 15021] {
-                assert_eq!(
-                    status(&mut h2, Method::CONNECT, &format!("10.10.0.2:{port}")).await,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "CONNECT to ztunnel's port {port}"
-                );
+                refused_once(server_ns, "self_call_hbone", async {
+                    assert_eq!(
+                        status(&mut h2, Method::CONNECT, &format!("10.10.0.2:{port}")).await,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "CONNECT to ztunnel's port {port}"
+                    );
+                })
+                .await;
             }
 
             // After all that, a good request still works end to end.
@@ -173,41 +211,20 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
 
             // Plaintext straight at the inbound plaintext port: its original
             // destination is ztunnel's own port, so it is refused, not looped.
-            let mut plain = TcpStream::connect("10.10.0.2:15006").await.unwrap();
-            let _ = plain.write_all(b"hello").await;
-            let mut buf = [0u8; 16];
-            let n = tokio::time::timeout(Duration::from_secs(5), plain.read(&mut buf))
-                .await
-                .expect("the plaintext connection is closed")
-                .unwrap_or(0);
-            assert_eq!(n, 0, "nothing answers on a loop");
+            refused_once(server_ns, "self_call_inbound_plaintext", async {
+                let mut plain = TcpStream::connect("10.10.0.2:15006").await.unwrap();
+                let _ = plain.write_all(b"hello").await;
+                let mut buf = [0u8; 16];
+                let n = tokio::time::timeout(Duration::from_secs(5), plain.read(&mut buf))
+                    .await
+                    .expect("the plaintext connection is closed")
+                    .unwrap_or(0);
+                assert_eq!(n, 0, "nothing answers on a loop");
+            })
+            .await;
         });
     })?;
 
-    let metrics = ztunnel_metrics(&server)?;
-    for reason in [
-        "tls_handshake",
-        "not_connect",
-        "bad_authority",
-        "authority_mismatch",
-        "unknown_workload",
-        "upstream_connect",
-        "self_call_hbone",
-        "self_call_inbound_plaintext",
-    ] {
-        assert!(
-            metric_sum(&metrics, "ztunnel_errors_total", &[("reason", reason)]) >= 1.0,
-            "{reason}: {metrics}"
-        );
-    }
-    assert!(
-        metric_sum(
-            &metrics,
-            "ztunnel_errors_total",
-            &[("reason", "tls_handshake")]
-        ) >= 2.0,
-        "plain TCP and the missing client cert are both counted: {metrics}"
-    );
     drop(ztunnel);
     Ok(())
 }
@@ -375,6 +392,36 @@ impl Pair {
 }
 
 /// Waits for the server to close `tcp` (any bytes it sends first are ignored).
+/// ztunnel's refusals so far, by reason (`ztunnel_errors_total`).
+fn refusals(ns: &Netns) -> BTreeMap<String, f64> {
+    let metrics = ztunnel_metrics(ns).expect("ztunnel's metrics");
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("ztunnel_errors_total{reason=\"")?;
+            let (reason, value) = rest.split_once("\"} ")?;
+            Some((reason.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Runs `case` and checks that it moved the counter of `reason` by exactly one and
+/// no other counter (a refusal is counted as it is answered, a failed handshake may
+/// be counted just after the client gives up, hence the short wait).
+async fn refused_once(ns: &Netns, reason: &str, case: impl std::future::Future<Output = ()>) {
+    let before = refusals(ns);
+    case.await;
+    let mut expected = before.clone();
+    *expected.entry(reason.to_owned()).or_default() += 1.0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut after = refusals(ns);
+    while after == before && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        after = refusals(ns);
+    }
+    assert_eq!(after, expected, "{reason}: counters before {before:?}");
+}
+
 async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
     let mut buf = [0u8; 1024];
     tokio::time::timeout(within, async {

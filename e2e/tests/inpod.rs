@@ -191,8 +191,44 @@ fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
         "{node2}"
     );
 
+    // Plaintext from outside the mesh (the node itself) is captured into 15006 inside
+    // the server pod, and still arrives from its own source address.
+    let answer = mesh::send_from(
+        &cluster.nodes[1].ns,
+        &format!("{}:9000", cluster.server.ip),
+        4096,
+    )?;
+    assert_eq!(answer["bytes"], 4096);
+    let plaintext = [
+        ("reporter", "destination"),
+        ("destination_workload", "server"),
+        ("connection_security_policy", "unknown"),
+    ];
+    let node2 = ztunnel_metrics(&cluster.nodes[1].ns)?;
+    assert!(
+        metric_sum(&node2, "istio_tcp_received_bytes_total", &plaintext) >= 4096.0,
+        "{node2}"
+    );
+
+    // istioctl-lite reads node 2's live dump: the pod it serves, as it serves it.
+    let dump = mesh::http_get(&cluster.nodes[1].ns, "http://127.0.0.1:15000/config_dump")?;
+    let file = cluster.dir.path().join("node2-dump.json");
+    std::fs::write(&file, dump)?;
+    let out = std::process::Command::new(mesh::binary("istioctl-lite")?)
+        .args(["ztunnel-config", "connections", "-f"])
+        .arg(&file)
+        .output()?;
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["demo", "server", "Up", SERVER, "uid-server"]),
+        "{table}"
+    );
+
     // The pods' listeners live in the pods' namespaces, none in the node's.
-    for port in [":15001", ":15006", ":15008"] {
+    for port in [":15001", ":15006", ":15008", ":15053"] {
         assert!(
             listening_ports(&cluster.server.ns)?.contains(port),
             "server pod lacks {port}"
@@ -242,10 +278,9 @@ fn a_deleted_pod_is_drained_and_its_listeners_removed() -> Result<()> {
     let left = certificates(&cluster.nodes[1].ns)?;
     assert!(!left.contains(&SERVER.to_string()), "{left:?}");
     let ports = listening_ports(&cluster.server.ns)?;
-    assert!(
-        !ports.contains(":15008") && !ports.contains(":15001"),
-        "listeners left behind:\n{ports}"
-    );
+    for port in [":15001", ":15006", ":15008", ":15053"] {
+        assert!(!ports.contains(port), "{port} left behind:\n{ports}");
+    }
     // Its connections drain (deadline 1 s in this test), then close; none leak.
     let status = pinger
         .wait_timeout(Duration::from_secs(10))

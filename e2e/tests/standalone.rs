@@ -308,3 +308,105 @@ fn traffic_to_a_waypoint_bound_service_or_workload_is_refused() -> Result<()> {
     })?;
     Ok(())
 }
+
+#[test]
+fn the_vms_dns_proxy_answers_mesh_services_on_the_host() -> Result<()> {
+    use e2e::dns::{addresses, ask_udp};
+    use hickory_proto::rr::RecordType;
+    use std::net::{IpAddr, SocketAddr, UdpSocket};
+
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let mesh = Standalone::new("s4")?;
+    // Dedicated mode: one proxy on the VM itself, ISTIO_META_DNS_PROXY_ADDR's default.
+    let proxy: SocketAddr = "127.0.0.1:15053".parse()?;
+    let socket = mesh.a.run_inside(|| UdpSocket::bind("127.0.0.1:0"))??;
+    let ask = |name: &str, rtype| ask_udp(&socket, proxy, name, rtype, Duration::from_secs(2));
+    let vip: IpAddr = SERVICE_VIP.parse()?;
+
+    let answer = ask("echo.vms.svc.cluster.local.", RecordType::A)?;
+    assert_eq!(addresses(&answer), [vip]);
+    assert!(answer.authoritative(), "{answer:?}");
+    // A short name expands from the VM's own namespace (PROXY_WORKLOAD_INFO's).
+    assert_eq!(addresses(&ask("echo.", RecordType::A)?), [vip]);
+    // The service has no IPv6 VIP: an empty answer, not NXDOMAIN.
+    let aaaa = ask("echo.vms.svc.cluster.local.", RecordType::AAAA)?;
+    assert!(aaaa.answers().is_empty(), "{aaaa:?}");
+    assert_eq!(
+        aaaa.response_code(),
+        hickory_proto::op::ResponseCode::NoError
+    );
+
+    let metrics = ztunnel_metrics(&mesh.a)?;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "istio_dns_requests_total",
+            &[("request_protocol", "udp")]
+        ),
+        3.0,
+        "{metrics}"
+    );
+    Ok(())
+}
+
+/// istioctl-lite's `ztunnel-config` tables, fed a live ztunnel's `/config_dump` (not a
+/// hand-written one), so the dump and its parser cannot drift apart.
+#[test]
+fn istioctl_lite_reads_a_live_ztunnels_config_dump() -> Result<()> {
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let mesh = Standalone::new("s5")?;
+    let dump = mesh::http_get(&mesh.a, "http://127.0.0.1:15000/config_dump")?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("dump.json");
+    std::fs::write(&file, &dump)?;
+    let istioctl = mesh::binary("istioctl-lite")?;
+    let table = |section: &str| -> Result<Vec<Vec<String>>> {
+        let out = std::process::Command::new(&istioctl)
+            .args(["ztunnel-config", section, "-f"])
+            .arg(&file)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{section}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect())
+    };
+    let row = |rows: &[Vec<String>], first: &[&str]| {
+        rows.iter()
+            .any(|r| r.len() >= first.len() && r[..first.len()] == *first)
+    };
+
+    let workloads = table("workloads")?;
+    assert_eq!(
+        workloads[0][..3],
+        ["NAMESPACE", "POD", "NAME"],
+        "{workloads:?}"
+    );
+    for (name, ip, node) in [
+        ("client-vm", CLIENT_IP, "vm-a"),
+        ("server-vm", SERVER_IP, "vm-b"),
+    ] {
+        assert!(
+            row(&workloads, &["vms", name, ip, node, "None", "HBONE"]),
+            "{name}: {workloads:?}"
+        );
+    }
+    let services = table("services")?;
+    assert!(
+        row(&services, &["vms", "echo", SERVICE_VIP, "None", "1/1"]),
+        "{services:?}"
+    );
+    // A dedicated ztunnel serves no pods: the pod table is its header alone.
+    let pods = table("connections")?;
+    assert_eq!(pods.len(), 1, "{pods:?}");
+    assert_eq!(pods[0][..3], ["NAMESPACE", "POD", "NAME"]);
+    Ok(())
+}

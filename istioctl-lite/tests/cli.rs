@@ -63,10 +63,10 @@ fn helm_missing() -> bool {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join("helm").is_file()))
         .unwrap_or(false);
-    if !found {
-        eprintln!("skipped: helm is not on PATH (scripts/install-chart-tools.sh installs it)");
-    }
-    !found
+    !e2e::prerequisite(
+        found,
+        "helm is not on PATH (scripts/install-chart-tools.sh installs it)",
+    )
 }
 
 fn testdata(name: &str) -> PathBuf {

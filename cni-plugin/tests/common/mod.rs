@@ -136,8 +136,11 @@ impl FakeServer {
                         Err(_) => thread::sleep(Duration::from_millis(5)),
                     }
                 }
+                // A panic (a failed assertion) in a connection fails the test.
                 for c in conns {
-                    let _ = c.join();
+                    if let Err(panic) = c.join() {
+                        std::panic::resume_unwind(panic);
+                    }
                 }
             })
         };
@@ -157,7 +160,12 @@ impl Drop for FakeServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The server's panics are the test's, unless it is failing already.
+            if let Err(panic) = t.join() {
+                if !thread::panicking() {
+                    std::panic::resume_unwind(panic);
+                }
+            }
         }
     }
 }

@@ -110,6 +110,7 @@ pub enum StartError {
 struct Counters {
     watches: AtomicU64,
     expired: AtomicU64,
+    bookmarks: AtomicU64,
 }
 
 /// A snapshot of the counters.
@@ -119,6 +120,8 @@ pub struct Stats {
     pub watches: u64,
     /// Watches answered with 410 Expired (too old or unknown resourceVersion).
     pub expired_watches: u64,
+    /// Periodic BOOKMARK events sent to watches that asked for them.
+    pub bookmarks: u64,
 }
 
 /// State shared by the accept loop, connections and watch tasks.
@@ -369,6 +372,7 @@ impl Control {
         Stats {
             watches: self.shared.stats.watches.load(Ordering::Relaxed),
             expired_watches: self.shared.stats.expired.load(Ordering::Relaxed),
+            bookmarks: self.shared.stats.bookmarks.load(Ordering::Relaxed),
         }
     }
 }

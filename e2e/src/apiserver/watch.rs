@@ -143,6 +143,7 @@ async fn run(shared: Arc<Shared>, w: Watch, mut tx: mpsc::Sender<Bytes>) {
                 if send(&mut tx, &bookmark_event(&w, last_rv, false)).await.is_err() {
                     return;
                 }
+                shared.stats.bookmarks.fetch_add(1, Ordering::Relaxed);
             }
             _ = &mut deadline => return,
             _ = disconnect.changed() => return,

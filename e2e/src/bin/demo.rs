@@ -190,6 +190,37 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
         client.ip
     );
 
+    step("DNS: the client resolves the server by its Service name (ztunnel's DNS proxy)");
+    let vip = c.kubectl(&[
+        "get",
+        "service",
+        "-n",
+        NS,
+        "server",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])?;
+    let resolved = c.exec_in_pod(NS, "client", &["getent", "hosts", "server"])?;
+    println!(
+        "   $ getent hosts server        (in the client pod)\n{}",
+        indent(resolved.trim())
+    );
+    if !resolved.split_whitespace().any(|word| word == vip.trim()) {
+        bail!("`server` resolved to {resolved:?}, not the Service's ClusterIP {vip}");
+    }
+    let answer = c.send(NS, "client", "server:9000", 1000)?;
+    println!("   $ e2e-app send --connect server:9000 --bytes 1000\n      {answer}");
+    let queries = metric_sum(
+        &ztunnel_metrics(&c.node(1).ns).unwrap_or_default(),
+        "istio_dns_requests_total",
+        &[],
+    );
+    println!(
+        "   -> the pod's resolver asked 10.96.0.10 (kubelet's clusterDNS, served by nothing);"
+    );
+    println!("      the node agent's DNS capture sent the query to ztunnel inside the pod, which");
+    println!("      answered with the Service's ClusterIP ({}); node-1's ztunnel has answered {queries} queries.", vip.trim());
+
     step("An AuthorizationPolicy denying a second client (identity demo/intruder)");
     c.kubectl_apply(&client_manifest("intruder", "intruder", "sleep 3600"))?;
     c.wait_pod_running(NS, "intruder", WAIT)?;
@@ -255,6 +286,16 @@ spec:
   - name: echo
     image: e2e-app:local
     command: [e2e-app, echo, --listen, \"0.0.0.0:9001\"]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: server
+  namespace: demo
+spec:
+  selector: {app: server}
+  ports:
+  - {name: tcp-sink, port: 9000}
 "
     .to_owned()
 }

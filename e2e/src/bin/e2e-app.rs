@@ -1,9 +1,9 @@
 //! The workloads of the end-to-end tests and benchmarks: tiny TCP servers and
 //! clients whose output proves what crossed the mesh (byte counts, SHA-256, the
-//! peer address the server saw).
+//! peer address the server saw), and the test DNS upstream.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -31,10 +31,12 @@ enum Cmd {
         listen: SocketAddr,
     },
     /// Sends N deterministic bytes to a sink, half-closes, and checks the sink's
-    /// answer against its own count and digest. Prints the sink's JSON line.
+    /// answer against its own count and digest. Prints the sink's JSON line, plus
+    /// `"connected"`: the address it connected to. `--connect` is `ip:port` or
+    /// `name:port`, resolved with the system resolver (the namespace's resolv.conf).
     Send {
         #[arg(long)]
-        connect: SocketAddr,
+        connect: String,
         #[arg(long)]
         bytes: u64,
     },
@@ -72,6 +74,17 @@ enum Cmd {
     },
     /// HTTP GET (for metrics and admin endpoints inside a namespace); prints the body.
     Get { url: String },
+    /// The test DNS upstream on UDP and TCP: `external.test.` A 192.0.2.1, `big.test.`
+    /// with 40 A records (truncated over UDP without room), NXDOMAIN for every other
+    /// name; NOTIMP for other opcodes, FORMERR without exactly one question, nothing
+    /// for what does not parse.
+    Dns {
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Log one line per answer (who asked what, the answer's code and size).
+        #[arg(long)]
+        log_queries: bool,
+    },
     /// Traffic that carries a marker: every `interval_ms`, a new connection to an echo
     /// server sends `bytes` bytes made of `marker` repeated, half-closes and checks the
     /// same bytes come back. Prints one JSON line per connection (`{"n": i, "ok": true}`
@@ -94,7 +107,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Sink { listen } => serve(listen, sink),
         Cmd::Echo { listen } => serve(listen, echo),
-        Cmd::Send { connect, bytes } => send(connect, bytes),
+        Cmd::Send { connect, bytes } => send(&connect, bytes),
         Cmd::Ping {
             connect,
             count,
@@ -108,6 +121,10 @@ fn main() -> Result<()> {
             hold_secs,
         } => hold(connect, count, hold_secs),
         Cmd::Get { url } => get(&url),
+        Cmd::Dns {
+            listen,
+            log_queries,
+        } => e2e::dns::serve(listen, log_queries),
         Cmd::Stream {
             connect,
             marker,
@@ -177,7 +194,12 @@ fn fill(buf: &mut [u8], state: &mut u64) {
     }
 }
 
-fn send(connect: SocketAddr, bytes: u64) -> Result<()> {
+fn send(target: &str, bytes: u64) -> Result<()> {
+    let connect = target
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {target}"))?
+        .next()
+        .with_context(|| format!("{target} resolved to no address"))?;
     let mut stream =
         TcpStream::connect(connect).with_context(|| format!("connecting to {connect}"))?;
     let mut hasher = Sha256::new();
@@ -194,9 +216,10 @@ fn send(connect: SocketAddr, bytes: u64) -> Result<()> {
     stream.shutdown(Shutdown::Write)?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line)?;
-    let answer: serde_json::Value =
+    let mut answer: serde_json::Value =
         serde_json::from_str(line.trim()).with_context(|| format!("sink answered {line:?}"))?;
-    println!("{}", line.trim());
+    answer["connected"] = connect.to_string().into();
+    println!("{answer}");
     let digest = hex(&hasher.finalize());
     if answer["bytes"] != bytes || answer["sha256"] != digest.as_str() {
         bail!(

@@ -319,6 +319,11 @@ fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
     );
     let conf = cni::find_config(&node.conf_dir)?;
     let netns = Netns::new(&format!("{}p{seq}", node.tag))?;
+    netns.set_resolv_conf(&crate::dns::pod_resolv_conf(
+        CLUSTER_DNS,
+        namespace,
+        "cluster.local",
+    ))?;
     let container_id = format!("{:x}{seq:08x}", std::process::id());
     let rt = Runtime {
         host_netns: node.host_netns.clone(),
@@ -386,6 +391,10 @@ fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
     }
     Ok(sandbox)
 }
+
+/// kubelet's `clusterDNS`: the usual kube-dns ClusterIP. Nothing serves it here; in
+/// an enrolled pod the node agent's DNS capture sends its queries to ztunnel instead.
+pub const CLUSTER_DNS: &str = "10.96.0.10";
 
 /// `e2e-app` and the other workspace binaries resolve to the build's own files.
 fn resolve(program: &str) -> String {

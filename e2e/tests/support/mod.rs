@@ -39,12 +39,18 @@ pub fn kubectl() -> Option<PathBuf> {
         PathBuf::from("/usr/local/bin/kubectl"),
         PathBuf::from("kubectl"),
     ];
-    candidates.into_iter().find(|k| {
+    let found = candidates.into_iter().find(|k| {
         Command::new(k)
             .args(["version", "--client"])
             .output()
             .is_ok_and(|o| o.status.success())
-    })
+    });
+    e2e::prerequisite(
+        found.is_some(),
+        "kubectl not installed (run scripts/install-chart-tools.sh)",
+    )
+    .then_some(found)
+    .flatten()
 }
 
 pub struct Kubectl {

@@ -4,6 +4,7 @@
 
 mod ca;
 mod cni;
+mod dns;
 mod enrollment;
 mod inpod;
 mod procfs;
@@ -42,6 +43,8 @@ enum Section {
     Cni,
     /// ZDS add-to-ack and ztunnel memory per pod.
     Inpod,
+    /// The DNS proxy: added latency against the upstream, answers per second.
+    Dns,
     /// The local cluster: gated CNI ADD, enrollment, agent memory.
     Enrollment,
     /// istiod-lite's CreateCertificate under load.
@@ -58,6 +61,7 @@ impl Section {
             Section::Standalone => standalone::run(plan),
             Section::Cni => cni::run(plan),
             Section::Inpod => inpod::run(plan),
+            Section::Dns => dns::run(plan),
             Section::Enrollment => enrollment::run(plan),
             Section::Ca => ca::run(plan),
         }
@@ -80,6 +84,8 @@ pub struct Plan {
     /// The paced run: requests per second across all clients, and how many.
     ca_paced_rate: f64,
     ca_paced_requests: usize,
+    /// How long the DNS load clients run.
+    dns_load_secs: u64,
 }
 
 fn main() -> Result<()> {
@@ -107,6 +113,7 @@ fn main() -> Result<()> {
             ca_cold: 10,
             ca_paced_rate: 200.0,
             ca_paced_requests: 200,
+            dns_load_secs: 1,
         }
     } else {
         Plan {
@@ -123,6 +130,7 @@ fn main() -> Result<()> {
             ca_cold: 30,
             ca_paced_rate: 500.0,
             ca_paced_requests: 1000,
+            dns_load_secs: 5,
         }
     };
     // Both nodes' ztunnels share this machine's two cores; in a cluster each would

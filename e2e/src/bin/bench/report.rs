@@ -90,7 +90,7 @@ pub fn print_table(figures: &[Figure]) {
     for f in figures {
         let direct = f.direct.map_or("-".to_owned(), |d| format!("{d:.3}"));
         let ratio = match (f.ratio, f.ratio_kind) {
-            (Some(r), "mesh-direct") => format!("+{r:.1} µs"),
+            (Some(r), "mesh-direct") => format!("{r:+.1} µs"),
             (Some(r), _) => format!("{r:.3}x"),
             (None, _) => "-".to_owned(),
         };
