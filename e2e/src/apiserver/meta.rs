@@ -176,9 +176,11 @@ pub fn set_path(obj: &mut Value, pointer: &str, value: Value) {
     }
 }
 
-/// The first free address in 10.96.0.0/16 from .10 on (the usual service CIDR).
+/// The first free address in 10.96.0.0/16 (the usual service CIDR) from .11 on: .10
+/// is the cluster DNS address kubelet writes into pods' resolv.conf (kube-dns claims
+/// it explicitly in a real cluster).
 fn allocate_ip(used: &HashSet<String>) -> Option<String> {
-    (10u32..65_535)
+    (11u32..65_535)
         .map(|n| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + n).to_string())
         .find(|ip| !used.contains(ip))
 }
@@ -222,10 +224,10 @@ mod tests {
     fn defaults() {
         let svc = find("", "v1", "services").unwrap();
         let mut used = HashSet::new();
-        used.insert("10.96.0.10".to_string());
+        used.insert("10.96.0.11".to_string());
         let mut obj = json!({"metadata": {"name": "s"}, "spec": {}});
         apply_create_defaults(svc, &mut obj, &used);
-        assert_eq!(obj["spec"]["clusterIP"], "10.96.0.11");
+        assert_eq!(obj["spec"]["clusterIP"], "10.96.0.12");
         let ns = find("", "v1", "namespaces").unwrap();
         let mut obj = json!({"metadata": {"name": "demo"}});
         apply_create_defaults(ns, &mut obj, &used);

@@ -392,8 +392,9 @@ fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
     Ok(sandbox)
 }
 
-/// kubelet's `clusterDNS`: the usual kube-dns ClusterIP. Nothing serves it here; in
-/// an enrolled pod the node agent's DNS capture sends its queries to ztunnel instead.
+/// kubelet's `clusterDNS`: the usual kube-dns ClusterIP (the local API server never
+/// hands it to a Service). Nothing serves it here; in an enrolled pod the node agent's
+/// DNS capture sends its queries to ztunnel instead.
 pub const CLUSTER_DNS: &str = "10.96.0.10";
 
 /// `e2e-app` and the other workspace binaries resolve to the build's own files.
