@@ -743,7 +743,6 @@ fn ztunnels_upstream_queries_live_in_their_own_conntrack_zone() -> Result<()> {
 /// (A pod's first enrollment cannot hit this: a netns without rules that need
 /// conntrack tracks nothing, so its first captured packet is always a new flow.)
 #[test]
-#[ignore = "known gap: the agent does not yet delete a pod's existing UDP/53 conntrack entries when DNS capture is turned on for an enrolled pod (see the issue 15 closing note)"]
 fn turning_dns_capture_on_captures_the_pods_existing_dns_flows() -> Result<()> {
     if !e2e::can_run_root_tests() {
         return Ok(());

@@ -12,6 +12,7 @@
 //! Everything except [`netns`] and [`discover`] acts on the CURRENT thread's netns:
 //! enter the pod netns first with [`NetnsHandle::run`], or use [`Redirector`].
 
+pub mod conntrack;
 pub mod discover;
 pub mod iptables;
 pub mod netlink;
@@ -62,6 +63,18 @@ pub fn enable_inpod(backend: Backend, rules: &InpodRules) -> Result<bool, Redire
     let mut changed = false;
     for set in rules.rule_sets() {
         changed |= iptables::apply(backend, &set)?;
+    }
+    if changed && rules.dns_capture {
+        // DNS capture may have just been turned on for a pod whose apps' DNS flows are
+        // tracked already: without this they would go on around the redirect. Not
+        // fatal: capture still holds for every new flow.
+        match conntrack::forget_app_dns_flows() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(flows = n, "forgot DNS flows that predate DNS capture"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not forget DNS flows that predate DNS capture")
+            }
+        }
     }
     Ok(changed)
 }
