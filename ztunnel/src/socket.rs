@@ -68,9 +68,18 @@ pub fn marked_socket(family_of: SocketAddr, mark: u32) -> io::Result<Socket> {
         Type::STREAM,
         Some(Protocol::TCP),
     )?;
-    socket.set_mark(mark)?;
+    set_mark(&socket, mark)?;
     socket.set_tcp_nodelay(true)?;
     Ok(socket)
+}
+
+/// `SO_MARK`. Mark 0 is a new socket's mark already, but setting it still needs
+/// CAP_NET_ADMIN, so 0 means "no mark" (production uses 1337; tests run without root).
+fn set_mark(socket: &Socket, mark: u32) -> io::Result<()> {
+    if mark == 0 {
+        return Ok(());
+    }
+    socket.set_mark(mark)
 }
 
 /// Hands a (blocking) socket2 socket to tokio.
@@ -83,7 +92,7 @@ pub fn into_tokio_socket(socket: Socket) -> io::Result<TcpSocket> {
 /// with `SO_REUSEPORT`, as TCP listeners are, for a rolling update's two ztunnels.
 pub fn udp_socket(addr: SocketAddr, mark: u32) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    socket.set_mark(mark)?;
+    set_mark(&socket, mark)?;
     if addr.port() != 0 {
         socket.set_reuse_address(true)?;
         socket.set_reuse_port(true)?;
@@ -104,7 +113,7 @@ pub fn into_tokio_udp(socket: Socket) -> io::Result<UdpSocket> {
 /// A bound, listening, marked socket (not yet registered with tokio).
 pub fn listen_socket(addr: SocketAddr, mark: u32, transparent: bool) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_mark(mark)?;
+    set_mark(&socket, mark)?;
     socket.set_reuse_address(true)?;
     // Several ztunnels (a rolling update) may hold the same pod's ports at once.
     socket.set_reuse_port(true)?;

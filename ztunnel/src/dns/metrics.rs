@@ -32,9 +32,7 @@ impl Default for DnsMetrics {
             requests: Family::default(),
             upstream_requests: Family::default(),
             upstream_failures: Family::default(),
-            upstream_duration: Family::new_with_constructor(|| {
-                Histogram::new(UPSTREAM_BUCKETS)
-            }),
+            upstream_duration: Family::new_with_constructor(|| Histogram::new(UPSTREAM_BUCKETS)),
         }
     }
 }

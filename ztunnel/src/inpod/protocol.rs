@@ -101,7 +101,9 @@ impl ZdsConnection {
     }
 }
 
-fn decode(bytes: &[u8], mut fds: Vec<OwnedFd>) -> Result<Request, ProtocolError> {
+/// Decodes and checks one request and the fds that came with it.
+/// `pub` for the fuzz target (fuzz/fuzz_targets/zds_request.rs).
+pub fn decode(bytes: &[u8], mut fds: Vec<OwnedFd>) -> Result<Request, ProtocolError> {
     let request =
         WorkloadRequest::decode(bytes).map_err(|e| ProtocolError::Decode(e.to_string()))?;
     let no_fd = |what: &'static str, fds: &[OwnedFd]| {

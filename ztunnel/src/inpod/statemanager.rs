@@ -71,6 +71,9 @@ struct RunningPod {
 #[derive(Clone, Default)]
 pub struct PodRegistry {
     pods: Arc<Mutex<BTreeMap<String, (PodSummary, Drain)>>>,
+    /// Identities (URIs) of adds in progress, with how many: a stopped pod's drain must
+    /// not forget a certificate an add is minting or has just minted for its pod.
+    adding: Arc<Mutex<BTreeMap<String, usize>>>,
 }
 
 impl PodRegistry {
@@ -78,10 +81,21 @@ impl PodRegistry {
         lock(&self.pods).values().map(|(s, _)| s.clone()).collect()
     }
 
-    /// Whether a pod served now has identity `id`.
+    /// Whether a pod served now, or being added, has identity `id`.
     fn serves_identity(&self, id: &Identity) -> bool {
         let uri = id.to_uri();
-        lock(&self.pods).values().any(|(s, _)| s.identity == uri)
+        lock(&self.adding).contains_key(&uri)
+            || lock(&self.pods).values().any(|(s, _)| s.identity == uri)
+    }
+
+    /// Marks an add of a pod with identity `id` as in progress until the guard drops.
+    fn adding(&self, id: &Identity) -> AddInProgress {
+        let uri = id.to_uri();
+        *lock(&self.adding).entry(uri.clone()).or_default() += 1;
+        AddInProgress {
+            adding: self.adding.clone(),
+            uri,
+        }
     }
 
     /// Drains every pod (shutdown): stop accepting, wait up to `deadline`.
@@ -91,8 +105,52 @@ impl PodRegistry {
     }
 }
 
+/// An add in progress (see [`PodRegistry::adding`]).
+struct AddInProgress {
+    adding: Arc<Mutex<BTreeMap<String, usize>>>,
+    uri: String,
+}
+
+impl Drop for AddInProgress {
+    fn drop(&mut self) {
+        let mut adding = lock(&self.adding);
+        if let Some(count) = adding.get_mut(&self.uri) {
+            *count -= 1;
+            if *count == 0 {
+                adding.remove(&self.uri);
+            }
+        }
+    }
+}
+
+/// Where a pod's listeners bind inside its namespace.
+#[derive(Clone, Copy, Debug)]
+struct PodListen {
+    outbound: SocketAddr,
+    inbound: SocketAddr,
+    inbound_plaintext: SocketAddr,
+    /// Whether the inbound ones accept for any address (`IP_TRANSPARENT`).
+    transparent: bool,
+}
+
+impl PodListen {
+    /// Istio's: outbound on 127.0.0.1:15001, inbound on *:15008 and *:15006,
+    /// transparent. (Tests bind ephemeral ports without `IP_TRANSPARENT`, which needs
+    /// CAP_NET_ADMIN.)
+    fn istio() -> Self {
+        let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
+        PodListen {
+            outbound: SocketAddr::from(([127, 0, 0, 1], OUTBOUND_CAPTURE_PORT)),
+            inbound: any(HBONE_PORT),
+            inbound_plaintext: any(INBOUND_PLAINTEXT_PORT),
+            transparent: true,
+        }
+    }
+}
+
 pub struct PodProxies {
     inputs: SharedInputs,
+    listen: PodListen,
     pods: BTreeMap<String, RunningPod>,
     registry: PodRegistry,
     /// Pods the agent replayed since the current connection began; `None` once
@@ -104,6 +162,7 @@ impl PodProxies {
     pub fn new(inputs: SharedInputs, registry: PodRegistry) -> Self {
         PodProxies {
             inputs,
+            listen: PodListen::istio(),
             pods: BTreeMap::new(),
             registry,
             replayed: None,
@@ -130,6 +189,14 @@ impl PodProxies {
         netns: PodNetns,
     ) -> Result<(), String> {
         self.note_replayed(&uid);
+        let identity = Identity::new(
+            &self.inputs.trust_domain,
+            &info.namespace,
+            &info.service_account,
+        );
+        // Held until the pod is registered: a restart's own stop (below) or another
+        // pod's drain must not forget this identity's certificate meanwhile.
+        let _adding = self.registry.adding(&identity);
         if let Some(running) = self.pods.get(&uid) {
             if running.summary.netns_inode == netns.inode {
                 return Ok(()); // replayed or repeated: already serving it
@@ -152,11 +219,6 @@ impl PodProxies {
             return Err(format!("add for {uid}: {reason}"));
         }
         let started = Instant::now();
-        let identity = Identity::new(
-            &self.inputs.trust_domain,
-            &info.namespace,
-            &info.service_account,
-        );
         // Fail the add (so the agent retries and the pod does not start) rather
         // than serve a pod we cannot give an identity.
         self.inputs
@@ -170,23 +232,23 @@ impl PodProxies {
             executor: self.inputs.executor.clone(),
             mark: self.inputs.mark,
         };
-        let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
+        let PodListen {
+            outbound,
+            inbound,
+            inbound_plaintext,
+            transparent,
+        } = self.listen;
+        let pod_sockets = &factory;
+        let listen = |addr: SocketAddr, transparent| async move {
+            pod_sockets
+                .listen(addr, transparent)
+                .await
+                .map_err(|e| format!("listening on {} in the pod: {e}", addr.port()))
+        };
         let listeners = Listeners {
-            outbound: factory
-                .listen(
-                    SocketAddr::from(([127, 0, 0, 1], OUTBOUND_CAPTURE_PORT)),
-                    false,
-                )
-                .await
-                .map_err(|e| format!("listening on {OUTBOUND_CAPTURE_PORT} in the pod: {e}"))?,
-            inbound: factory
-                .listen(any(HBONE_PORT), true)
-                .await
-                .map_err(|e| format!("listening on {HBONE_PORT} in the pod: {e}"))?,
-            inbound_plaintext: factory
-                .listen(any(INBOUND_PLAINTEXT_PORT), true)
-                .await
-                .map_err(|e| format!("listening on {INBOUND_PLAINTEXT_PORT} in the pod: {e}"))?,
+            outbound: listen(outbound, false).await?,
+            inbound: listen(inbound, transparent).await?,
+            inbound_plaintext: listen(inbound_plaintext, transparent).await?,
         };
         let drain = self.inputs.root_drain.child();
         let local = LocalWorkload {
@@ -301,7 +363,7 @@ impl PodProxies {
         // renewing it (else every identity ever seen here stays cached and renewed).
         let identity = pod.identity;
         let certs = self.inputs.certs.clone();
-        if !self.pods.values().any(|p| p.identity == identity) {
+        if !self.registry.serves_identity(&identity) {
             certs.forget(&identity);
             info!(%identity, "no pod on this node has this identity any more; certificate forgotten");
         }
@@ -320,3 +382,7 @@ impl PodProxies {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+#[path = "statemanager_tests.rs"]
+mod tests;

@@ -106,3 +106,7 @@ impl ConnectionManager {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+#[cfg(test)]
+#[path = "connections_tests.rs"]
+mod tests;

@@ -15,7 +15,7 @@ use http::{Method, Request, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
-use super::ProxyInputs;
+use super::{OwnPorts, ProxyInputs};
 use crate::hbone::server::{respond_status, serve_connection};
 use crate::hbone::stream::{copy_bidirectional, H2Stream};
 use crate::hbone::{
@@ -26,6 +26,40 @@ use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
 use crate::socket;
 use crate::state::policy::ConnectionAttrs;
 use crate::tls;
+
+/// The target of a CONNECT, from the request head alone, or the status and metric reason
+/// it is refused with: the method must be CONNECT, the authority an `ip:port` on the
+/// address the connection reached (`local`), the port none of ztunnel's own.
+/// A function of its own for the fuzz target (fuzz/fuzz_targets/hbone_connect.rs).
+pub fn connect_target<B>(
+    request: &Request<B>,
+    local: SocketAddr,
+    own_ports: &OwnPorts,
+) -> Result<SocketAddr, (StatusCode, &'static str)> {
+    if request.method() != Method::CONNECT {
+        info!(method = %request.method(), "refusing HBONE request that is not CONNECT");
+        return Err((StatusCode::METHOD_NOT_ALLOWED, "not_connect"));
+    }
+    let Some(target) = request
+        .uri()
+        .authority()
+        .and_then(|a| a.as_str().parse::<SocketAddr>().ok())
+        .map(socket::to_canonical)
+    else {
+        info!(uri = %request.uri(), "refusing CONNECT with a malformed authority");
+        return Err((StatusCode::BAD_REQUEST, "bad_authority"));
+    };
+    if target.ip() != local.ip() {
+        info!(%target, reached = %local, "refusing CONNECT for an address the connection did not reach");
+        return Err((StatusCode::BAD_REQUEST, "authority_mismatch"));
+    }
+    if own_ports.contains(target.port()) {
+        // As Istio (its SelfCall error): 503. Dialing it would loop into ztunnel.
+        info!(%target, "refusing CONNECT to a ztunnel port");
+        return Err((StatusCode::SERVICE_UNAVAILABLE, "self_call_hbone"));
+    }
+    Ok(target)
+}
 
 #[derive(Clone)]
 pub struct Inbound {
@@ -161,32 +195,10 @@ impl Inbound {
                 metrics.error(reason);
                 respond_status(respond, status);
             };
-        if request.method() != Method::CONNECT {
-            info!(method = %request.method(), "refusing HBONE request that is not CONNECT");
-            return refuse(&mut respond, StatusCode::METHOD_NOT_ALLOWED, "not_connect");
-        }
-        let Some(target) = request
-            .uri()
-            .authority()
-            .and_then(|a| a.as_str().parse::<SocketAddr>().ok())
-            .map(socket::to_canonical)
-        else {
-            info!(uri = %request.uri(), "refusing CONNECT with a malformed authority");
-            return refuse(&mut respond, StatusCode::BAD_REQUEST, "bad_authority");
+        let target = match connect_target(&request, peer.local, &self.inputs.own_ports) {
+            Ok(target) => target,
+            Err((status, reason)) => return refuse(&mut respond, status, reason),
         };
-        if target.ip() != peer.local.ip() {
-            info!(%target, reached = %peer.local, "refusing CONNECT for an address the connection did not reach");
-            return refuse(&mut respond, StatusCode::BAD_REQUEST, "authority_mismatch");
-        }
-        if self.inputs.own_ports.contains(target.port()) {
-            // As Istio (its SelfCall error): 503. Dialing it would loop into ztunnel.
-            info!(%target, "refusing CONNECT to a ztunnel port");
-            return refuse(
-                &mut respond,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "self_call_hbone",
-            );
-        }
         let state = &self.inputs.state;
         let Some(dst) = state
             .workload_by_ip(target.ip())
@@ -273,3 +285,7 @@ impl Inbound {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "inbound_tests.rs"]
+mod tests;

@@ -42,6 +42,14 @@ impl InboundPassthrough {
                 return;
             }
         };
+        self.proxy(client, peer, target).await
+    }
+
+    /// Proxies a redirected connection whose original destination was `target`.
+    /// (Apart from `handle` so tests choose the destination: a real one takes an
+    /// iptables REDIRECT, i.e. root.)
+    async fn proxy(&self, client: TcpStream, peer: SocketAddr, target: SocketAddr) {
+        let metrics = &self.inputs.metrics;
         if self.inputs.own_ports.contains(target.port()) {
             info!(%target, src = %peer, "refusing plaintext connection to a ztunnel port");
             metrics.error("self_call_inbound_plaintext");
@@ -107,3 +115,7 @@ impl InboundPassthrough {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "inbound_passthrough_tests.rs"]
+mod tests;

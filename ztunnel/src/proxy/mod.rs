@@ -5,6 +5,8 @@ pub mod connections;
 pub mod inbound;
 pub mod inbound_passthrough;
 pub mod outbound;
+#[cfg(test)]
+pub(crate) mod test_support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -108,6 +108,14 @@ impl Outbound {
                 return;
             }
         };
+        self.proxy(client, peer, orig_dst).await
+    }
+
+    /// Proxies a redirected connection whose original destination was `orig_dst`.
+    /// (Apart from `handle` so tests choose the destination: a real one takes an
+    /// iptables REDIRECT, i.e. root.)
+    async fn proxy(&self, client: TcpStream, peer: SocketAddr, orig_dst: SocketAddr) {
+        let metrics = &self.inputs.metrics;
         let listener = client.local_addr().ok().map(socket::to_canonical);
         if self.is_self_call(orig_dst, listener) {
             warn!(dst = %orig_dst, "refusing connection to a ztunnel port (loop)");
@@ -313,3 +321,7 @@ impl Outbound {
         )
     }
 }
+
+#[cfg(test)]
+#[path = "outbound_tests.rs"]
+mod tests;

@@ -1,0 +1,287 @@
+//! The outbound proxy on loopback, without root: connections are handed to
+//! [`Outbound::proxy`] with the original destination a REDIRECT would have given.
+
+use std::net::IpAddr;
+
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+use super::*;
+use crate::proxy::inbound::Inbound;
+use crate::proxy::test_support::*;
+use crate::socket::LocalSocketFactory;
+
+/// The local workload: its IP is not on this host, so nothing is ever dialed there.
+const CLIENT: &str = r#"
+- uid: Kubernetes//Pod/test/client
+  name: client
+  namespace: test
+  serviceAccount: client
+  workloadIps: ["10.0.0.1"]
+  protocol: HBONE
+"#;
+
+fn outbound(yaml: &str) -> Outbound {
+    Outbound::new(inputs(&state(yaml), &certs(), "test", "client"))
+}
+
+/// Hands `outbound` a connection redirected from `orig_dst`; returns the application's
+/// end and the proxy's task.
+async fn redirect(outbound: &Outbound, orig_dst: SocketAddr) -> (TcpStream, JoinHandle<()>) {
+    let (app, proxied, peer) = accepted_pair().await;
+    let this = outbound.clone();
+    let task = tokio::spawn(async move { this.proxy(proxied, peer, orig_dst).await });
+    (app, task)
+}
+
+async fn finished(task: JoinHandle<()>) {
+    tokio::time::timeout(WAIT, task)
+        .await
+        .expect("the proxy finished")
+        .unwrap();
+}
+
+const OPENED: &str = "istio_tcp_connections_opened_total";
+const FAILED: &str = "istio_tcp_connections_failed_total";
+
+#[tokio::test]
+async fn connections_to_ztunnel_itself_are_refused_as_self_calls() {
+    let outbound = outbound(&format!("workloads:{CLIENT}"));
+    let metrics = outbound.inputs.metrics.clone();
+    // A port of ours on loopback, on "any", and on the local workload's own IP.
+    let dsts = [
+        "127.0.0.1:15008",
+        "0.0.0.0:15001",
+        "10.0.0.1:15006",
+        "[::1]:15020",
+    ];
+    for dst in dsts {
+        let (mut app, task) = redirect(&outbound, dst.parse().unwrap()).await;
+        finished(task).await;
+        assert_closed(&mut app).await;
+    }
+    assert_eq!(errors(&metrics, "self_call_outbound"), dsts.len() as u64);
+
+    // The listener that accepted the connection, whatever its port.
+    let (mut app, proxied, peer) = accepted_pair().await;
+    let listener = proxied.local_addr().unwrap();
+    tokio::time::timeout(WAIT, outbound.proxy(proxied, peer, listener))
+        .await
+        .expect("refused at once");
+    assert_closed(&mut app).await;
+    assert_eq!(
+        errors(&metrics, "self_call_outbound"),
+        dsts.len() as u64 + 1
+    );
+    // Refused before anything was dialed.
+    assert_eq!(connections(&metrics, OPENED, &[]), 0);
+    assert_eq!(connections(&metrics, FAILED, &[]), 0);
+}
+
+#[tokio::test]
+async fn only_ztunnel_ports_on_local_addresses_are_self_calls() {
+    let outbound = outbound(&format!("workloads:{CLIENT}"));
+    let listener: SocketAddr = "127.0.0.1:40001".parse().unwrap();
+    let is_self = |dst: &str| outbound.is_self_call(dst.parse().unwrap(), Some(listener));
+    assert!(is_self("127.0.0.1:15008") && is_self("10.0.0.1:15001") && is_self("127.0.0.1:40001"));
+    // Another host's 15008 is its ztunnel (which refuses what it must), and a local
+    // port that is not ours is an ordinary destination.
+    assert!(!is_self("10.0.0.2:15008"));
+    assert!(!is_self("127.0.0.1:8080"));
+    assert!(!is_self("10.0.0.1:8080"));
+}
+
+#[tokio::test]
+async fn a_connection_that_was_not_redirected_is_refused() {
+    let outbound = outbound(&format!("workloads:{CLIENT}"));
+    let metrics = outbound.inputs.metrics.clone();
+    let listener = LocalSocketFactory { mark: 0 }
+        .listener("127.0.0.1:0".parse().unwrap(), false)
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(outbound.run(listener));
+    // Usually the kernel has no original destination for it; where conntrack tracks
+    // loopback anyway, it reports the listener itself, which is a loop.
+    let (expected, other) = match original_dst_without_redirect().await {
+        None => ("no_original_destination", "self_call_outbound"),
+        Some(_) => ("self_call_outbound", "no_original_destination"),
+    };
+    let mut app = TcpStream::connect(addr).await.unwrap();
+    assert_closed(&mut app).await;
+    assert_eq!(errors(&metrics, expected), 1);
+    assert_eq!(errors(&metrics, other), 0);
+    assert_eq!(connections(&metrics, OPENED, &[]), 0);
+}
+
+#[tokio::test]
+async fn destinations_outside_the_mesh_or_without_hbone_pass_through_as_plain_tcp() {
+    let outside = echo_server("127.0.0.2").await;
+    let legacy = echo_server("127.0.0.3").await;
+    let outbound = outbound(&format!(
+        r#"workloads:{CLIENT}
+- uid: Kubernetes//Pod/test/legacy
+  name: legacy
+  namespace: test
+  serviceAccount: legacy
+  workloadIps: ["127.0.0.3"]
+  protocol: TCP
+"#
+    ));
+    let metrics = outbound.inputs.metrics.clone();
+    for (dst, workload) in [(outside, "unknown"), (legacy, "legacy")] {
+        let (mut app, task) = redirect(&outbound, dst).await;
+        // The echo server reads our bytes as they are: no TLS, no HBONE.
+        round_trip(&mut app, b"plain bytes").await;
+        drop(app);
+        finished(task).await;
+        let labels = [
+            "reporter=\"source\"",
+            "source_workload=\"client\"",
+            &format!("destination_workload=\"{workload}\""),
+            "connection_security_policy=\"unknown\"",
+        ];
+        assert_eq!(connections(&metrics, OPENED, &labels), 1, "{workload}");
+        assert_eq!(
+            connections(&metrics, "istio_tcp_received_bytes_total", &labels),
+            11
+        );
+    }
+    assert!(
+        !metrics.encode().contains("ztunnel_errors_total{"),
+        "{}",
+        metrics.encode()
+    );
+}
+
+#[tokio::test]
+async fn a_service_vip_goes_to_a_healthy_endpoint_on_its_target_port() {
+    let healthy = echo_server("127.0.0.4").await;
+    // The unhealthy endpoint has nothing listening: picking it fails the connection.
+    let endpoint = |name: &str, ip: &str, status: &str, services: &str| {
+        format!(
+            r#"
+- uid: Kubernetes//Pod/test/{name}
+  name: {name}
+  namespace: test
+  serviceAccount: server
+  workloadIps: ["{ip}"]
+  protocol: TCP
+  status: {status}
+  services:
+{services}"#
+        )
+    };
+    let port = healthy.port();
+    let yaml = format!(
+        r#"workloads:{CLIENT}{}{}
+services:
+- name: server
+  namespace: test
+  hostname: server.test.svc.cluster.local
+  vips: ["/10.96.0.10"]
+  ports: {{80: 9}}
+- name: drained
+  namespace: test
+  hostname: drained.test.svc.cluster.local
+  vips: ["/10.96.0.11"]
+  ports: {{80: 9}}
+"#,
+        endpoint(
+            "healthy",
+            "127.0.0.4",
+            "Healthy",
+            &format!("    test/server.test.svc.cluster.local: {{80: {port}}}"),
+        ),
+        endpoint(
+            "unhealthy",
+            "127.0.0.5",
+            "Unhealthy",
+            &format!(
+                "    test/server.test.svc.cluster.local: {{80: {port}}}\n    \
+                 test/drained.test.svc.cluster.local: {{80: {port}}}"
+            ),
+        ),
+    );
+    let outbound = outbound(&yaml);
+    let metrics = outbound.inputs.metrics.clone();
+    // With two endpoints picked at random, 20 connections would reach the unhealthy
+    // one with probability 1 - 2^-20 if health were ignored.
+    for _ in 0..20 {
+        let (mut app, task) = redirect(&outbound, "10.96.0.10:80".parse().unwrap()).await;
+        round_trip(&mut app, b"to the service").await;
+        drop(app);
+        finished(task).await;
+    }
+    let labels = [
+        "destination_service=\"server.test.svc.cluster.local\"",
+        "destination_workload=\"healthy\"",
+    ];
+    assert_eq!(connections(&metrics, OPENED, &labels), 20);
+    assert_eq!(connections(&metrics, FAILED, &[]), 0);
+
+    // A service whose only endpoint is unhealthy has nowhere to go.
+    let (mut app, task) = redirect(&outbound, "10.96.0.11:80".parse().unwrap()).await;
+    finished(task).await;
+    assert_closed(&mut app).await;
+    assert_eq!(errors(&metrics, "no_healthy_upstream"), 1);
+    assert_eq!(connections(&metrics, OPENED, &[]), 20);
+}
+
+/// A loopback address of its own, so the fixed HBONE port (15008) bound on it clashes
+/// with no other test running at the same time.
+fn random_loopback() -> IpAddr {
+    let octet = || rand::random_range(1..=254u8);
+    IpAddr::from([127, octet(), octet(), octet()])
+}
+
+#[tokio::test]
+async fn a_service_vip_with_an_hbone_endpoint_is_tunnelled_to_its_ztunnel() {
+    let ip = random_loopback();
+    let echo = echo_server(&ip.to_string()).await;
+    let state = state(&format!(
+        r#"workloads:{CLIENT}
+- uid: Kubernetes//Pod/test/server
+  name: server
+  namespace: test
+  serviceAccount: server
+  workloadIps: ["{ip}"]
+  protocol: HBONE
+  services:
+    test/tunnel.test.svc.cluster.local: {{80: {}}}
+services:
+- name: tunnel
+  namespace: test
+  hostname: tunnel.test.svc.cluster.local
+  vips: ["/10.96.0.12"]
+"#,
+        echo.port()
+    ));
+    let certs = certs();
+    // The endpoint's ztunnel, on its HBONE port.
+    let server = inputs(&state, &certs, "test", "server");
+    let listener = LocalSocketFactory { mark: 0 }
+        .listener(SocketAddr::new(ip, HBONE_PORT), false)
+        .unwrap();
+    tokio::spawn(Inbound::new(server.clone()).run(listener));
+
+    let outbound = Outbound::new(inputs(&state, &certs, "test", "client"));
+    let (mut app, task) = redirect(&outbound, "10.96.0.12:80".parse().unwrap()).await;
+    round_trip(&mut app, b"through the tunnel").await;
+    drop(app);
+    finished(task).await;
+
+    // Both ends saw mutual TLS between the two identities, i.e. it went through HBONE.
+    let sent = [
+        "reporter=\"source\"",
+        "destination_service=\"tunnel.test.svc.cluster.local\"",
+        "destination_principal=\"spiffe://cluster.local/ns/test/sa/server\"",
+        "connection_security_policy=\"mutual_tls\"",
+    ];
+    assert_eq!(connections(&outbound.inputs.metrics, OPENED, &sent), 1);
+    let received = [
+        "reporter=\"destination\"",
+        "source_principal=\"spiffe://cluster.local/ns/test/sa/client\"",
+        "connection_security_policy=\"mutual_tls\"",
+    ];
+    assert_eq!(connections(&server.metrics, OPENED, &received), 1);
+}
