@@ -93,9 +93,22 @@ fn io_error(e: io::Error, total: Duration) -> HttpError {
     }
 }
 
+/// A stream whose every read can be bounded by a timeout (a trait so the fuzz target
+/// can feed [`read_response`] bytes in pieces).
+pub trait TimedRead: Read {
+    fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()>;
+}
+
+impl TimedRead for UnixStream {
+    fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, timeout)
+    }
+}
+
 /// Reads until the response is complete (Content-Length, chunked, or EOF).
-fn read_response(
-    stream: &mut UnixStream,
+/// `pub` for the fuzz target (fuzz/fuzz_targets/http_response.rs).
+pub fn read_response(
+    stream: &mut impl TimedRead,
     deadline: Instant,
     limits: Limits,
 ) -> Result<Response, HttpError> {

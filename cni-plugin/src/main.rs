@@ -3,17 +3,7 @@
 //! ambient, holds the ADD until the node agent has redirected the pod's traffic.
 //! See `README.md` in this crate for the netconf fields and the failure behaviour.
 
-mod args;
-mod env;
-mod error;
-mod gate;
-mod http;
-mod log;
-mod netconf;
-mod plugin;
-mod result;
-mod version;
-
+use cni_plugin::{log, plugin, version};
 use shared_types::constants::PLUGIN_LOG_SOCKET;
 use std::io::Write;
 use std::process::ExitCode;

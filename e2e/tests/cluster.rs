@@ -549,6 +549,14 @@ fn a_long_lived_connection_survives_an_agent_restart() {
             },
         )
         .unwrap_or_else(|e| panic!("{e}\n{}", c.node(node).logs()));
+        // Restored by the startup reconcile, not enrolled anew by the pod watch.
+        let m = e2e::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").unwrap();
+        assert_eq!(
+            metric_sum(&m, "istio_cni_enrollments_total", &[]),
+            0.0,
+            "node-{node}'s new agent enrolled its pod again instead of restoring it\n{}",
+            c.node(node).logs()
+        );
     }
     let status = ping.wait_timeout(T).expect("ping finished");
     assert!(status.success(), "the connection broke: {}", ping.log());

@@ -94,6 +94,11 @@ impl FromStr for Identity {
         if trust_domain.is_empty() {
             return Err(td_err("it is empty"));
         }
+        // Found by fuzzing (mesh-ca/fuzz, spiffe_identity): "." and ".." passed the
+        // character check although they name no domain.
+        if trust_domain == "." || trust_domain == ".." {
+            return Err(td_err("it is a dot segment"));
+        }
         if trust_domain.len() > MAX_TRUST_DOMAIN_LEN {
             return Err(td_err("it is longer than 255 bytes"));
         }
@@ -178,6 +183,9 @@ mod tests {
             ("https://cluster.local/ns/a/sa/b", "must start with"),
             ("spiffe://", "trust domain"),
             ("spiffe:///ns/a/sa/b", "trust domain"),
+            // The input libFuzzer found (spiffe_identity target).
+            ("spiffe://../ns/aB/sa/b", "trust domain"),
+            ("spiffe://./ns/a/sa/b", "trust domain"),
             ("spiffe://Cluster.local/ns/a/sa/b", "trust domain"),
             ("spiffe://cluster.local:80/ns/a/sa/b", "trust domain"),
             ("spiffe://user@cluster.local/ns/a/sa/b", "trust domain"),

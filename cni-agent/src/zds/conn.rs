@@ -81,14 +81,7 @@ async fn greet(inner: &Inner, stream: &SeqpacketStream) -> Result<(), ZdsError> 
     if hello.len == 0 || hello.truncated {
         return Err(ZdsError::Io("no valid hello".into()));
     }
-    let hello = ZdsHello::decode(&buf[..hello.len])
-        .map_err(|e| ZdsError::Io(format!("malformed hello: {e}")))?;
-    if hello.version != Version::V1 as i32 {
-        return Err(ZdsError::Io(format!(
-            "unsupported ZDS version {}",
-            hello.version
-        )));
-    }
+    decode_hello(&buf[..hello.len])?;
     let pods = inner.lock().registry.clone();
     for (uid, pod) in pods {
         // A duplicate of the fd held since enrollment, never a reopened path.
@@ -150,7 +143,26 @@ async fn exchange(
     if answer.truncated {
         return Err(ZdsError::Io("oversized answer".into()));
     }
-    let response = WorkloadResponse::decode(&buf[..answer.len])
+    decode_answer(&buf[..answer.len])
+}
+
+/// ztunnel's hello: V1 only. `pub` (re-exported) for the fuzz target.
+pub fn decode_hello(bytes: &[u8]) -> Result<ZdsHello, ZdsError> {
+    let hello =
+        ZdsHello::decode(bytes).map_err(|e| ZdsError::Io(format!("malformed hello: {e}")))?;
+    if hello.version != Version::V1 as i32 {
+        return Err(ZdsError::Io(format!(
+            "unsupported ZDS version {}",
+            hello.version
+        )));
+    }
+    Ok(hello)
+}
+
+/// ztunnel's answer to a request: `Ok` for an ack, `Nack` with its reason for a
+/// refusal. `pub` (re-exported) for the fuzz target.
+pub fn decode_answer(bytes: &[u8]) -> Result<(), ZdsError> {
+    let response = WorkloadResponse::decode(bytes)
         .map_err(|e| ZdsError::Io(format!("malformed answer: {e}")))?;
     if response.payload.is_none() {
         return Err(ZdsError::Io("answer without an ack".into()));

@@ -15,6 +15,8 @@
 
 mod conn;
 
+pub use conn::{decode_answer, decode_hello};
+
 use shared_types::zds::{WorkloadInfo, WorkloadRequest};
 use shared_types::zds_transport::SeqpacketListener;
 use std::collections::BTreeMap;

@@ -233,31 +233,32 @@ pub fn service_account_identity(trust_domain: &str, username: &str) -> Option<Id
 }
 
 /// The claims of a Kubernetes service-account JWT that explain a refusal.
+/// `pub` (with [`Claims::peek`]) for the fuzz target (fuzz/fuzz_targets/jwt_claims.rs).
 #[derive(Debug, Default, Deserialize)]
-struct Claims {
-    exp: Option<u64>,
+pub struct Claims {
+    pub exp: Option<u64>,
     #[serde(default, deserialize_with = "one_or_many")]
-    aud: Vec<String>,
+    pub aud: Vec<String>,
     #[serde(rename = "kubernetes.io")]
-    kubernetes: Option<KubernetesClaims>,
+    pub kubernetes: Option<KubernetesClaims>,
 }
 
 #[derive(Debug, Deserialize)]
-struct KubernetesClaims {
+pub struct KubernetesClaims {
     #[serde(default)]
-    namespace: String,
-    pod: Option<PodClaim>,
+    pub namespace: String,
+    pub pod: Option<PodClaim>,
 }
 
 #[derive(Debug, Deserialize)]
-struct PodClaim {
-    name: String,
-    uid: String,
+pub struct PodClaim {
+    pub name: String,
+    pub uid: String,
 }
 
 impl Claims {
     /// Decodes the payload without verifying it (the API server verified, and refused).
-    fn peek(token: &str) -> Option<Claims> {
+    pub fn peek(token: &str) -> Option<Claims> {
         let payload = token.split('.').nth(1)?;
         let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(payload.trim_end_matches('='))
