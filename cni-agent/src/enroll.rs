@@ -401,6 +401,32 @@ impl Enroller {
         }
     }
 
+    /// An enrolled pod whose annotations now ask for other rules (DNS capture, inbound
+    /// bypass) gets them in place, in one transaction, without leaving the mesh.
+    async fn update_rules(
+        &self,
+        key: &str,
+        pod: &Pod,
+        enrolled: Enrolled,
+    ) -> Result<(), EnrollError> {
+        let rules = self.rules_for(pod, &enrolled.ips);
+        if rules == enrolled.rules {
+            return Ok(());
+        }
+        self.redirector
+            .enable(&enrolled.netns, &rules)
+            .await
+            .map_err(|e| EnrollError::Redirect(e.to_string()))?;
+        tracing::info!(
+            pod = %key,
+            dns_capture = rules.dns_capture,
+            inbound_capture = rules.inbound_capture,
+            "in-pod rules changed with the pod's annotations"
+        );
+        self.set_enrolled(key, Some(Enrolled { rules, ..enrolled }));
+        Ok(())
+    }
+
     /// The queue's handler: converge `key` to what the cluster says.
     pub async fn reconcile(&self, key: &str) -> Result<(), EnrollError> {
         let _guard = self.pod_lock(key).await;
@@ -427,7 +453,7 @@ impl Enroller {
         let ambient = self.config.selection.decide(pod, namespace.as_deref());
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         match (ambient.is_ambient(), known) {
-            (true, Some(k)) if k.uid == uid => Ok(()),
+            (true, Some(k)) if k.uid == uid => self.update_rules(key, pod, k).await,
             (true, stale) => {
                 if let Some(stale) = stale {
                     self.unenroll(key, None, &stale).await;

@@ -25,13 +25,19 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 const NS: &str = "shop";
+const DNS_CAPTURE: &str = "ambient.istio.io/dns-capture";
 
 fn root_gate() -> cni_agent::peer::PeerGate {
     cni_agent::peer::PeerGate::new(cni_agent::peer::SOCKET_ZDS, 0, &Metrics::new())
 }
 
 fn owned_v4(pod: &Pod, backend: Backend) -> String {
-    let set = InpodRules::default().rule_set(IpFamily::V4);
+    owned_v4_of(pod, backend, &InpodRules::default())
+}
+
+/// The pod's IPv4 rules in the chains and tables that `rules` use.
+fn owned_v4_of(pod: &Pod, backend: Backend, rules: &InpodRules) -> String {
+    let set = rules.rule_set(IpFamily::V4);
     let text = pod
         .ns
         .stdout(&[&backend.save_binary(IpFamily::V4)])
@@ -285,6 +291,57 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
     assert_eq!(
         annotation(&client, "late").await.as_deref(),
         Some("enabled")
+    );
+
+    // The DNS-capture annotation changes on the enrolled pod: its rules follow in
+    // place, and it stays in the mesh.
+    for (capture, golden) in [
+        ("true", "inpod_dns_v4.golden"),
+        ("false", "inpod_v4.golden"),
+    ] {
+        Api::<KPod>::namespaced(client.clone(), NS)
+            .patch(
+                "client",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {DNS_CAPTURE: capture}}})),
+            )
+            .await
+            .unwrap();
+        wait_cache(&cache, "the client's dns-capture annotation", |cache| {
+            cache.cached_pod(&format!("{NS}/client")).is_some_and(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DNS_CAPTURE))
+                    == Some(&capture.to_string())
+            })
+        })
+        .await;
+        enroller.reconcile(&format!("{NS}/client")).await.unwrap();
+        let rules = InpodRules {
+            dns_capture: capture == "true",
+            ..Default::default()
+        };
+        let golden = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("testdata/redirect")
+                .join(golden),
+        )
+        .unwrap();
+        assert_eq!(
+            owned_v4_of(&client_pod, backend, &rules),
+            golden,
+            "capture {capture}"
+        );
+        assert!(zds.is_enrolled(&client_uid));
+    }
+    let saved = client_pod
+        .ns
+        .stdout(&[&backend.save_binary(IpFamily::V4)])
+        .unwrap();
+    assert!(
+        !saved.contains("15053"),
+        "DNS capture left behind:\n{saved}"
     );
 
     // Un-enroll on a label change: rules and annotation gone.

@@ -720,12 +720,30 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     send_ok(&c, "m", "client", &target, 20_000);
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 30_000.0);
 
-    // Back: renewal resumes.
-    let before = fetched(&c);
-    c.control_plane.start_istiod().unwrap();
-    wait_for("renewal to resume", T, || {
-        (fetched(&c) > before).then_some(())
+    // Node 1's ztunnel restarts during the outage: it can mint no leaf, so it refuses
+    // the agent's replayed client pod, and the agent retries it.
+    c.node_mut(1).stop_ztunnel();
+    c.node_mut(1).start_ztunnel().unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    wait_for("a refused certificate after the restart", T, || {
+        let failed = ztunnel_counter(
+            &c,
+            1,
+            "ztunnel_certificate_fetch_failures_total",
+            &[("reason", "unavailable")],
+        );
+        (failed >= 1.0).then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
+
+    // Back: renewal resumes, and the client pod is served again without another
+    // ZDS connection (the fresh ztunnel's counters count from zero).
+    let before = ztunnel_counter(&c, 2, "ztunnel_certificates_fetched_total", &[]);
+    c.control_plane.start_istiod().unwrap();
+    wait_for("renewal to resume", T, || {
+        (ztunnel_counter(&c, 2, "ztunnel_certificates_fetched_total", &[]) > before).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.node(2).logs()));
     send_ok(&c, "m", "client", &target, 5_000);
+    assert!(fetched(&c) >= 1.0, "{}", c.node(1).logs());
 }

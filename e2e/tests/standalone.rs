@@ -410,3 +410,55 @@ fn istioctl_lite_reads_a_live_ztunnels_config_dump() -> Result<()> {
     assert_eq!(pods[0][..3], ["NAMESPACE", "POD", "NAME"]);
     Ok(())
 }
+
+/// A VM whose CA cannot answer at start is not fatal: ztunnel keeps running, not
+/// ready, and keeps asking (readiness waits for the workload's first certificate).
+#[test]
+fn a_vm_whose_ca_is_unreachable_stays_up_unready_and_keeps_asking() -> Result<()> {
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    mesh::ca_init(&dir.path().join("ca"))?;
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "workloads:\n- uid: uid-vm\n  name: vm\n  namespace: vms\n  serviceAccount: vm\n  workloadIps: [\"10.54.0.1\"]\n  protocol: HBONE\n  node: vm\n",
+    )?;
+    let token = dir.path().join("istio-token");
+    std::fs::write(&token, "not-a-real-token")?;
+    let vm = Netns::new("nca")?;
+    let mut cmd = vm.command(mesh::binary("ztunnel")?.to_str().unwrap_or_default());
+    cmd.env("PROXY_MODE", "dedicated")
+        .env("PROXY_WORKLOAD_INFO", "vms/vm/vm")
+        .env("XDS_ADDRESS", "")
+        .env("LOCAL_XDS_PATH", &config)
+        // Nothing listens there: the VM's namespace has only its loopback.
+        .env("CA_ADDRESS", "127.0.0.1:15012")
+        .env("CA_ROOT_CA", dir.path().join("ca/root-cert.pem"))
+        .env("AUTH_TOKEN", &token);
+    let mut ztunnel = ChildGuard::spawn("ztunnel-nca", cmd)?;
+    let failures = || -> f64 {
+        let metrics = ztunnel_metrics(&vm).unwrap_or_default();
+        metric_sum(
+            &metrics,
+            "ztunnel_certificate_fetch_failures_total",
+            &[("reason", "unavailable")],
+        )
+    };
+    wait_for(
+        "three failed certificate fetches",
+        Duration::from_secs(20),
+        || (failures() >= 3.0).then_some(()),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", ztunnel.log()))?;
+    assert_eq!(
+        ztunnel.wait_timeout(Duration::from_millis(200)),
+        None,
+        "{}",
+        ztunnel.log()
+    );
+    let ready = mesh::http_get(&vm, "http://127.0.0.1:15021/healthz/ready");
+    assert!(ready.is_err(), "ready without a certificate: {ready:?}");
+    Ok(())
+}

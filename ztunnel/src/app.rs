@@ -1,6 +1,7 @@
 //! Wires ztunnel's parts together and runs them until shutdown.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use tokio::net::TcpListener;
@@ -24,7 +25,7 @@ use crate::proxy::connections::ConnectionManager;
 use crate::proxy::{
     check_local_node, ListenAddrs, Listeners, LocalWorkload, OwnPorts, ProxyInputs,
 };
-use crate::readiness::Readiness;
+use crate::readiness::{BlockReady, Readiness};
 use crate::socket::{LocalSocketFactory, SocketFactory};
 use crate::state::StateStore;
 use crate::telemetry::LogHandle;
@@ -105,11 +106,12 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
             };
             check_local_node(&state, &local.namespace, &local.name, &config.node_name)
                 .map_err(|e| anyhow::anyhow!("PROXY_WORKLOAD_INFO: {e}"))?;
-            // Readiness waits for this, so a VM is not ready without its identity.
-            certs
-                .fetch(&local.identity)
-                .await
-                .context("getting the workload certificate")?;
+            tokio::spawn(first_certificate(
+                certs.clone(),
+                local.identity.clone(),
+                readiness.register("workload certificate"),
+                shutdown.clone(),
+            ));
             let local_sockets = LocalSocketFactory {
                 mark: config.packet_mark,
             };
@@ -187,6 +189,31 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
     shutdown.cancel();
     info!(cut, "ztunnel stopped");
     Ok(())
+}
+
+/// The dedicated workload's first certificate, retried with backoff until the CA
+/// gives it. Readiness waits for it, so a VM is not ready without its identity; a CA
+/// that cannot answer at start is waited for, not fatal.
+async fn first_certificate(
+    certs: SecretManager,
+    identity: Identity,
+    ready: BlockReady,
+    shutdown: CancellationToken,
+) {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match certs.fetch(&identity).await {
+            Ok(_) => break drop(ready),
+            Err(e) => {
+                warn!(%identity, ?delay, "getting the workload certificate failed, retrying: {e}")
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
 }
 
 /// Kubernetes discovery (DISCOVERY_SOURCE=kubernetes|both). Readiness waits for its

@@ -1,17 +1,21 @@
 //! One ztunnel connection: greeting, snapshot replay, then requests one at a time.
 //! Anything unexpected (bad hello, garbage, silence, EOF) ends only this connection.
 
-use super::{Conn, Inner, Job, ZdsError};
+use super::{Conn, EnrolledPod, Inner, Job, ZdsError};
 use prost::Message;
 use shared_types::zds::{Version, WorkloadRequest, WorkloadResponse, ZdsHello, MAX_MESSAGE_SIZE};
 use shared_types::zds_transport::SeqpacketStream;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Pending requests per connection before callers wait.
 const JOB_QUEUE: usize = 64;
+/// Backoff of the retries of replayed pods ztunnel refused.
+const REPLAY_RETRY_MIN: Duration = Duration::from_millis(500);
+const REPLAY_RETRY_MAX: Duration = Duration::from_secs(30);
 
 pub(super) async fn serve(
     inner: Arc<Inner>,
@@ -19,18 +23,27 @@ pub(super) async fn serve(
     stream: SeqpacketStream,
     cancel: CancellationToken,
 ) {
-    if let Err(e) = greet(&inner, &stream).await {
-        tracing::warn!(
-            connection = id,
-            "dropping ZDS connection during greeting: {e}"
-        );
-        return;
-    }
+    let refused = match greet(&inner, &stream).await {
+        Ok(refused) => refused,
+        Err(e) => {
+            tracing::warn!(
+                connection = id,
+                "dropping ZDS connection during greeting: {e}"
+            );
+            return;
+        }
+    };
     let (tx, mut rx) = mpsc::channel::<Job>(JOB_QUEUE);
     {
         let mut state = inner.lock();
-        state.conns.push(Conn { id, jobs: tx });
+        state.conns.push(Conn {
+            id,
+            jobs: tx.clone(),
+        });
         inner.publish_count(&state);
+    }
+    if !refused.is_empty() {
+        tokio::spawn(retry_refused(inner.clone(), refused, tx, cancel.clone()));
     }
     tracing::info!(
         connection = id,
@@ -71,8 +84,8 @@ pub(super) async fn serve(
 }
 
 /// Hello (V1 only), then every registered pod (`add` with its netns, or `keep` when
-/// none is held), then `snapshot_sent`.
-async fn greet(inner: &Inner, stream: &SeqpacketStream) -> Result<(), ZdsError> {
+/// none is held), then `snapshot_sent`. Returns the pods ztunnel refused.
+async fn greet(inner: &Inner, stream: &SeqpacketStream) -> Result<Vec<String>, ZdsError> {
     let mut buf = [0u8; MAX_MESSAGE_SIZE];
     let hello = tokio::time::timeout(inner.timeout, stream.recv(&mut buf))
         .await
@@ -83,30 +96,14 @@ async fn greet(inner: &Inner, stream: &SeqpacketStream) -> Result<(), ZdsError> 
     }
     decode_hello(&buf[..hello.len])?;
     let pods = inner.lock().registry.clone();
+    let mut refused = Vec::new();
     for (uid, pod) in pods {
-        // A duplicate of the fd held since enrollment, never a reopened path.
-        let fd = match pod.netns.as_deref().map(|ns| ns.file().try_clone()) {
-            Some(Ok(file)) => Some(OwnedFd::from(file)),
-            Some(Err(e)) => {
-                tracing::warn!(
-                    uid,
-                    "duplicating the netns fd failed, replaying as keep: {e}"
-                );
-                None
-            }
-            None => {
-                tracing::info!(uid, "no netns held for the pod, replaying as keep");
-                None
-            }
-        };
-        let bytes = match fd {
-            Some(_) => WorkloadRequest::add(&uid, pod.info.clone()).encode_to_vec(),
-            None => WorkloadRequest::keep(&uid).encode_to_vec(),
-        };
+        let (bytes, fd) = replay_request(&uid, &pod);
         match exchange(inner, stream, &bytes, fd).await {
             Ok(()) => {}
             Err(ZdsError::Nack(reason)) => {
-                tracing::warn!(uid, "ztunnel refused a replayed pod: {reason}")
+                tracing::warn!(uid, "ztunnel refused a replayed pod, will retry: {reason}");
+                refused.push(uid);
             }
             Err(e) => return Err(e),
         }
@@ -117,7 +114,70 @@ async fn greet(inner: &Inner, stream: &SeqpacketStream) -> Result<(), ZdsError> 
         &WorkloadRequest::snapshot_sent().encode_to_vec(),
         None,
     )
-    .await
+    .await?;
+    Ok(refused)
+}
+
+/// A registered pod as replayed: `add` with a duplicate of the netns fd held since
+/// enrollment (never a reopened path), or `keep` when none is held.
+fn replay_request(uid: &str, pod: &EnrolledPod) -> (Vec<u8>, Option<OwnedFd>) {
+    let fd = match pod.netns.as_deref().map(|ns| ns.file().try_clone()) {
+        Some(Ok(file)) => Some(OwnedFd::from(file)),
+        Some(Err(e)) => {
+            tracing::warn!(
+                uid,
+                "duplicating the netns fd failed, replaying as keep: {e}"
+            );
+            None
+        }
+        None => {
+            tracing::info!(uid, "no netns held for the pod, replaying as keep");
+            None
+        }
+    };
+    let bytes = match fd {
+        Some(_) => WorkloadRequest::add(uid, pod.info.clone()).encode_to_vec(),
+        None => WorkloadRequest::keep(uid).encode_to_vec(),
+    };
+    (bytes, fd)
+}
+
+/// Sends the replayed pods ztunnel refused again on this connection, with backoff,
+/// until ztunnel takes them, they leave the registry or the connection ends. Else a
+/// pod refused during a replay (its certificate could not be fetched while istiod
+/// was down, say) would stay unserved until ztunnel reconnects.
+async fn retry_refused(
+    inner: Arc<Inner>,
+    mut refused: Vec<String>,
+    jobs: mpsc::Sender<Job>,
+    cancel: CancellationToken,
+) {
+    let mut delay = REPLAY_RETRY_MIN;
+    while !refused.is_empty() {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(REPLAY_RETRY_MAX);
+        let mut still_refused = Vec::new();
+        for uid in refused {
+            // Gone from the registry: un-enrolled meanwhile.
+            let Some(pod) = inner.lock().registry.get(&uid).cloned() else {
+                continue;
+            };
+            let (bytes, fd) = replay_request(&uid, &pod);
+            match super::request(&inner, &jobs, bytes, fd).await {
+                Ok(()) => tracing::info!(uid, "ztunnel took a pod it refused in the replay"),
+                Err(ZdsError::Nack(reason)) => {
+                    tracing::debug!(uid, ?delay, "ztunnel still refuses the pod: {reason}");
+                    still_refused.push(uid);
+                }
+                // The connection ended: the next one replays everything anyway.
+                Err(_) => return,
+            }
+        }
+        refused = still_refused;
+    }
 }
 
 /// Sends one request and waits for its answer.

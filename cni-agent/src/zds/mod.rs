@@ -230,7 +230,7 @@ impl ZdsServer {
         };
         let jobs = jobs.ok_or_else(|| self.inner.not_connected())?;
         let bytes = prost::Message::encode_to_vec(&WorkloadRequest::add(uid, info.clone()));
-        self.request(&jobs, bytes, Some(fd)).await?;
+        request(&self.inner, &jobs, bytes, Some(fd)).await?;
         self.register(
             uid,
             EnrolledPod {
@@ -252,7 +252,7 @@ impl ZdsServer {
         let bytes = prost::Message::encode_to_vec(&WorkloadRequest::del(uid));
         let mut result = Ok(());
         for jobs in jobs {
-            if let Err(e) = self.request(&jobs, bytes.clone(), None).await {
+            if let Err(e) = request(&self.inner, &jobs, bytes.clone(), None).await {
                 tracing::warn!(uid, "ZDS del failed on one connection: {e}");
                 if result.is_ok() {
                     result = Err(e);
@@ -261,25 +261,25 @@ impl ZdsServer {
         }
         result
     }
+}
 
-    async fn request(
-        &self,
-        jobs: &mpsc::Sender<Job>,
-        bytes: Vec<u8>,
-        fd: Option<OwnedFd>,
-    ) -> Result<(), ZdsError> {
-        let (reply, answer) = oneshot::channel();
-        let job = Job { bytes, fd, reply };
-        if jobs.send(job).await.is_err() {
-            return Err(self.inner.not_connected());
-        }
-        // The connection task enforces the timeout; this one only guards against a task
-        // stuck behind a long queue of jobs.
-        match tokio::time::timeout(self.inner.timeout * 4, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(ZdsError::Io("the ZDS connection closed".into())),
-            Err(_) => Err(ZdsError::Timeout(self.inner.timeout * 4)),
-        }
+/// Queues one request on a connection and waits for ztunnel's answer.
+async fn request(
+    inner: &Inner,
+    jobs: &mpsc::Sender<Job>,
+    bytes: Vec<u8>,
+    fd: Option<OwnedFd>,
+) -> Result<(), ZdsError> {
+    let (reply, answer) = oneshot::channel();
+    let job = Job { bytes, fd, reply };
+    if jobs.send(job).await.is_err() {
+        return Err(inner.not_connected());
+    }
+    // Queued behind at most a few requests, each answered within the timeout.
+    match tokio::time::timeout(inner.timeout * 4, answer).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(ZdsError::Io("the ZDS connection closed".into())),
+        Err(_) => Err(ZdsError::Timeout(inner.timeout * 4)),
     }
 }
 

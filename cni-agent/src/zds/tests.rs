@@ -12,6 +12,8 @@ enum Mode {
     Ack,
     Nack,
     Silent,
+    /// Refuses the first add of each pod, takes it the next time.
+    NackFirstAdd,
 }
 
 /// A fake ztunnel: records what it got ("add:uid:fd", "del:uid", "keep:uid", "snap").
@@ -42,10 +44,14 @@ impl Fake {
                     Payload::Keep(k) => format!("keep:{}", k.uid),
                     Payload::SnapshotSent(_) => "snap".to_string(),
                 };
+                let first = !record.lock().unwrap().contains(&entry);
                 record.lock().unwrap().push(entry.clone());
                 let answer = match mode {
                     Mode::Silent if entry != "snap" => continue,
                     Mode::Nack if entry != "snap" => WorkloadResponse::nack("no"),
+                    Mode::NackFirstAdd if first && entry.starts_with("add:") => {
+                        WorkloadResponse::nack("no certificate yet")
+                    }
                     _ => WorkloadResponse::ack(),
                 };
                 let _ = stream.send(&answer.encode_to_vec(), None).await;
@@ -143,6 +149,38 @@ async fn nack_is_reported_and_keeps_the_connection() {
     );
     assert!(!server.is_enrolled("u1"));
     assert_eq!(server.connections(), 1);
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn replayed_pods_ztunnel_refused_are_retried_until_taken() {
+    let (_dir, server, cancel) = start(Duration::from_secs(2)).await;
+    let netns = own_netns();
+    for (uid, name) in [("u1", "p1"), ("u2", "p2")] {
+        server.register(
+            uid,
+            EnrolledPod {
+                info: info(name),
+                netns: Some(netns.clone()),
+            },
+        );
+    }
+    let fake = Fake::connect(server.path(), Mode::NackFirstAdd).await;
+    wait_connections(&server, 1).await;
+    // u2 is un-enrolled before the retry: only u1 is sent again.
+    server.del("u2").await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while fake.seen().len() < 5 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", fake.seen());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        fake.seen(),
+        ["add:u1:1", "add:u2:1", "snap", "del:u2", "add:u1:1"]
+    );
+    // Taken: nothing more is sent.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(fake.seen().len(), 5, "{:?}", fake.seen());
     cancel.cancel();
 }
 

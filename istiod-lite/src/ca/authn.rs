@@ -82,6 +82,7 @@ pub struct TokenAuthenticator {
     cluster_id: String,
     trust_domain: String,
     pods: PodIndex,
+    /// Reviewed tokens and until when their review holds.
     cache: Mutex<HashMap<String, (Caller, Instant)>>,
 }
 
@@ -181,11 +182,7 @@ impl TokenAuthenticator {
         let Some(claims) = Claims::peek(token) else {
             return AuthnError::InvalidToken(error);
         };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        if claims.exp.is_some_and(|exp| exp <= now) {
+        if claims.exp.is_some_and(|exp| exp <= unix_now()) {
             return AuthnError::Expired;
         }
         if !claims.aud.iter().any(|a| self.audiences.contains(a)) {
@@ -207,20 +204,39 @@ impl TokenAuthenticator {
 
     fn cached(&self, token: &str) -> Option<Caller> {
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let (caller, at) = cache.get(token)?;
-        (at.elapsed() < REVIEW_CACHE_TTL).then(|| caller.clone())
+        let (caller, until) = cache.get(token)?;
+        (Instant::now() < *until).then(|| caller.clone())
     }
 
     fn remember(&self, token: &str, caller: &Caller) {
+        let now = Instant::now();
+        let until = now + review_ttl(token, unix_now());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= REVIEW_CACHE_MAX {
-            cache.retain(|_, (_, at)| at.elapsed() < REVIEW_CACHE_TTL);
+            cache.retain(|_, (_, until)| *until > now);
             if cache.len() >= REVIEW_CACHE_MAX {
                 cache.clear();
             }
         }
-        cache.insert(token.to_owned(), (caller.clone(), Instant::now()));
+        cache.insert(token.to_owned(), (caller.clone(), until));
     }
+}
+
+/// How long a positive review of `token` is reused: [`REVIEW_CACHE_TTL`], but never
+/// past the token's own expiry (the API server has vouched for the token, so its
+/// `exp` claim can be believed).
+fn review_ttl(token: &str, now_unix: u64) -> Duration {
+    match Claims::peek(token).and_then(|c| c.exp) {
+        Some(exp) => Duration::from_secs(exp.saturating_sub(now_unix)).min(REVIEW_CACHE_TTL),
+        None => REVIEW_CACHE_TTL,
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// `system:serviceaccount:<ns>:<sa>` → `spiffe://<td>/ns/<ns>/sa/<sa>`.
@@ -321,5 +337,23 @@ mod tests {
         assert_eq!(c.kubernetes.unwrap().pod.unwrap().uid, "u");
         assert!(Claims::peek("garbage").is_none());
         assert!(Claims::peek("a.!!!.c").is_none());
+    }
+
+    #[test]
+    fn a_review_is_reused_no_longer_than_the_token_lives() {
+        let expiring = |exp: u64| jwt(serde_json::json!({"aud": "istio-ca", "exp": exp}));
+        assert_eq!(
+            review_ttl(&expiring(1_000_005), 1_000_000),
+            Duration::from_secs(5)
+        );
+        assert_eq!(review_ttl(&expiring(1_000_000), 1_000_000), Duration::ZERO);
+        assert_eq!(
+            review_ttl(&expiring(2_000_000), 1_000_000),
+            REVIEW_CACHE_TTL
+        );
+        assert_eq!(
+            review_ttl(&jwt(serde_json::json!({})), 1_000_000),
+            REVIEW_CACHE_TTL
+        );
     }
 }
