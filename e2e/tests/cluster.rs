@@ -706,15 +706,13 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
 
     // istiod-lite goes away: renewal fails, traffic goes on with the cached leaves.
+    let unavailable = |c: &LocalCluster| {
+        let failures = "ztunnel_certificate_fetch_failures_total";
+        ztunnel_counter(c, 1, failures, &[("reason", "unavailable")])
+    };
     c.control_plane.stop_istiod();
     wait_for("a failed renewal", T, || {
-        let failed = ztunnel_counter(
-            &c,
-            1,
-            "ztunnel_certificate_fetch_failures_total",
-            &[("reason", "unavailable")],
-        );
-        (failed >= 1.0).then_some(())
+        (unavailable(&c) >= 1.0).then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
     send_ok(&c, "m", "client", &target, 20_000);
@@ -726,13 +724,7 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     c.node_mut(1).start_ztunnel().unwrap();
     c.wait_ztunnels_ready(T).unwrap();
     wait_for("a refused certificate after the restart", T, || {
-        let failed = ztunnel_counter(
-            &c,
-            1,
-            "ztunnel_certificate_fetch_failures_total",
-            &[("reason", "unavailable")],
-        );
-        (failed >= 1.0).then_some(())
+        (unavailable(&c) >= 1.0).then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
 

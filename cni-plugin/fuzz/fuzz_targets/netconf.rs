@@ -10,7 +10,7 @@
 
 use std::net::IpAddr;
 
-use cni_plugin::error::Code;
+use cni_plugin::error::{CniError, Code};
 use cni_plugin::netconf::{self, NetConf, MAX_AGENT_TIMEOUT_SECONDS};
 use cni_plugin::result::CniResult;
 use cni_plugin::version::SpecVersion;
@@ -25,21 +25,23 @@ fn family(cidr: &str) -> &'static str {
     }
 }
 
+/// A refused netconf or result carries one of the spec's codes for bad configuration.
+fn assert_config_refusal(e: &CniError) {
+    assert!(
+        matches!(
+            e.code,
+            Code::DecodingFailure | Code::InvalidNetworkConfig | Code::IncompatibleVersion
+        ),
+        "{e:?}"
+    );
+}
+
 fuzz_target!(|data: &[u8]| {
     let echoed = netconf::error_version(data);
     assert!(SpecVersion::parse(&echoed).is_some(), "echoed {echoed:?}");
     let conf = match NetConf::parse(data) {
         Ok(conf) => conf,
-        Err(e) => {
-            assert!(
-                matches!(
-                    e.code,
-                    Code::DecodingFailure | Code::InvalidNetworkConfig | Code::IncompatibleVersion
-                ),
-                "{e:?}"
-            );
-            return;
-        }
+        Err(e) => return assert_config_refusal(&e),
     };
     assert_eq!(echoed, conf.cni_version.as_str());
     assert!(!conf.name.is_empty());
@@ -49,16 +51,7 @@ fuzz_target!(|data: &[u8]| {
     let Some(raw) = &conf.prev_result else { return };
     let parsed = match CniResult::parse(raw, conf.cni_version) {
         Ok(parsed) => parsed,
-        Err(e) => {
-            assert!(
-                matches!(
-                    e.code,
-                    Code::DecodingFailure | Code::InvalidNetworkConfig | Code::IncompatibleVersion
-                ),
-                "{e:?}"
-            );
-            return;
-        }
+        Err(e) => return assert_config_refusal(&e),
     };
     let source = SpecVersion::parse(&parsed.cni_version).expect("a supported source version");
     // What ADD prints when the netconf is in the result's own version.
