@@ -264,7 +264,10 @@ impl CaClient {
     }
 }
 
-/// Leaf first, root last: the last element is the trust root, the rest the chain.
+/// Leaf first, then its chain, then the roots. Every element is read whole: Istio's
+/// istiod sends its root bundle as one last element, istiod-lite one certificate per
+/// element. The trailing self-signed certificates are the roots (at least the last
+/// one), so every root of a bundle is trusted, as during a root rotation.
 fn into_certificate(
     id: &Identity,
     pems: Vec<String>,
@@ -272,9 +275,17 @@ fn into_certificate(
 ) -> Result<WorkloadCertificate, CaClientError> {
     let mut certs = Vec::with_capacity(pems.len());
     for pem in &pems {
-        let cert = CertificateDer::from_pem_slice(pem.as_bytes())
-            .map_err(|e| CaClientError::BadResponse(format!("a chain element is not PEM: {e}")))?;
-        certs.push(cert);
+        let before = certs.len();
+        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            certs.push(cert.map_err(|e| {
+                CaClientError::BadResponse(format!("a chain element is not PEM: {e}"))
+            })?);
+        }
+        if certs.len() == before {
+            return Err(CaClientError::BadResponse(
+                "a chain element holds no certificate".into(),
+            ));
+        }
     }
     if certs.len() < 2 {
         return Err(CaClientError::BadResponse(format!(
@@ -282,8 +293,18 @@ fn into_certificate(
             certs.len()
         )));
     }
-    let root = certs.pop().into_iter().collect();
-    WorkloadCertificate::from_issued(id, certs, root, key).map_err(CaClientError::BadResponse)
+    let more_roots = certs[1..certs.len() - 1]
+        .iter()
+        .rev()
+        .take_while(|c| self_signed(c))
+        .count();
+    let roots = certs.split_off(certs.len() - 1 - more_roots);
+    WorkloadCertificate::from_issued(id, certs, roots, key).map_err(CaClientError::BadResponse)
+}
+
+fn self_signed(cert: &CertificateDer<'_>) -> bool {
+    x509_parser::parse_x509_certificate(cert)
+        .is_ok_and(|(_, x509)| x509.subject().as_raw() == x509.issuer().as_raw())
 }
 
 /// TCP to istiod with ztunnel's packet mark; TLS is layered on top by tonic.
@@ -344,6 +365,39 @@ mod tests {
             TokenSource::from_setting(None, "/nonexistent"),
             TokenSource::None
         ));
+    }
+
+    /// A root bundle of two (a rotation): the leaf verifies whichever root issued it,
+    /// and both roots are trusted, in istiod-lite's shape and in Istio's.
+    #[test]
+    fn every_root_of_a_bundle_is_trusted() {
+        let td = "cluster.local";
+        let dir = tempfile::tempdir().unwrap();
+        let issuing = mesh_ca::CertificateAuthority::generate_self_signed(td).unwrap();
+        let other = mesh_ca::CertificateAuthority::generate_self_signed(td).unwrap();
+        issuing.write(dir.path()).unwrap();
+        let bundle = issuing.roots_pem() + &other.roots_pem();
+        std::fs::write(dir.path().join("root-cert.pem"), &bundle).unwrap();
+        let ca = mesh_ca::CertificateAuthority::load(dir.path()).unwrap();
+
+        let id = Identity::new(td, "a", "b");
+        let (key, csr) = mesh_ca::csr::new_csr(&id).unwrap();
+        let csr = mesh_ca::csr::CertificateRequest::parse_pem(&csr).unwrap();
+        let issued = ca
+            .issue_for_key(csr.public_key(), &id, std::time::Duration::from_secs(600))
+            .unwrap();
+        let leaf_pem = issued.to_pem_list().remove(0);
+        for (shape, pems) in [
+            ("one per element", issued.to_pem_list()),
+            ("bundle last", vec![leaf_pem.clone(), bundle.clone()]),
+        ] {
+            let cert = into_certificate(&id, pems, key.clone_key())
+                .unwrap_or_else(|e| panic!("{shape}: {e}"));
+            assert_eq!(cert.chain.len(), 1, "{shape}");
+            let roots: std::collections::BTreeSet<&[u8]> =
+                cert.roots.iter().map(|r| r.as_ref()).collect();
+            assert_eq!(roots.len(), 2, "{shape}");
+        }
     }
 
     #[test]
