@@ -434,6 +434,33 @@ async fn a_node_proxy_gets_its_own_pods_identities_and_every_refusal_is_counted(
     );
 }
 
+/// A CSR with a weak key is refused by name over gRPC; a TokenReview the API server
+/// cannot answer is `Unavailable` (the client retries), counted as `review_failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weak_keys_and_unanswerable_reviews_get_their_own_codes() {
+    let f = start().await;
+    let token = f.token("app", "client", "istio-ca", Some("client")).await;
+    // Made with `openssl req -new -newkey rsa:512`: ring cannot sign with such a key.
+    let rsa512 = include_str!("testdata/rsa512.csr").to_owned();
+    let status = f
+        .request_raw(Some(&token), "Kubernetes", rsa512, None, 0)
+        .await
+        .expect_err("an RSA-512 CSR");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("RSA-512"), "{status:?}");
+
+    // A token never reviewed yet, asked about once the API server is gone.
+    let fresh = f.token("app", "server", "istio-ca", Some("server")).await;
+    f.apiserver.shutdown();
+    f.apiserver.stopped().await;
+    let status = f
+        .request(Some(&fresh), "Kubernetes", &id("app", "server"), None, 0)
+        .await
+        .expect_err("no API server to review the token");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(f.refusals("review_failed"), 1.0, "{}", f.istiod.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leaf_carries_the_callers_identity_not_the_csrs() {
     let f = start().await;
