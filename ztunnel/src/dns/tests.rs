@@ -119,6 +119,28 @@ fn mesh_names_are_answered_locally_and_authoritatively() {
 }
 
 #[test]
+fn addresses_are_shuffled_per_answer() {
+    let (handler, _) = handler(vec![]);
+    let q = query("wide.demo.svc.cluster.local.", RecordType::A);
+    let bytes = q.to_vec().unwrap();
+    let orders: std::collections::HashSet<Vec<Ipv4Addr>> = (0..5)
+        .map(|_| a_records(&reply(handler.step(&bytes, Protocol::Tcp))))
+        .collect();
+    // Five answers of 60 addresses all in one order: a chance of 1 in (60!)^4.
+    assert!(orders.len() > 1, "always {orders:?}");
+    for order in &orders {
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            (1..=60)
+                .map(|i| Ipv4Addr::new(10, 96, 1, i))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
 fn large_answers_are_truncated_over_udp_only() {
     let (handler, _) = handler(vec![]);
     let q = query("wide.demo.svc.cluster.local.", RecordType::A);
