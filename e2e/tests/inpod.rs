@@ -238,6 +238,19 @@ fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
             "node namespace has {port}"
         );
     }
+    // The DNS proxy answers on both loopbacks of the pod (its namespace has ::1).
+    let lo6 = cluster
+        .server
+        .ns
+        .stdout(&["ip", "-6", "addr", "show", "dev", "lo"])?;
+    assert!(lo6.contains("::1/128"), "{lo6}");
+    for (proto, list) in [("tcp", "-Hltn"), ("udp", "-Hlun")] {
+        let sockets = cluster.server.ns.stdout(&["ss", list])?;
+        assert!(
+            sockets.contains("[::1]:15053"),
+            "no {proto} [::1]:15053: {sockets}"
+        );
+    }
     Ok(())
 }
 
