@@ -11,7 +11,7 @@ use e2e::apiserver::{write_kubeconfig, ApiServer, Control, Options};
 use e2e::process::{eventually, wait_for, ChildGuard};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use mesh_ca::{CertificateAuthority, CsrError, Identity};
 use serde_json::json;
@@ -521,10 +521,24 @@ async fn the_leaf_carries_the_callers_identity_not_the_csrs() {
     // istiod-lite publishes the root in every namespace.
     let root = std::fs::read_to_string(f._dir.path().join("cacerts/root-cert.pem")).unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(f.client.clone(), "app");
-    eventually("istio-ca-root-cert in app", WAIT, || async {
+    let published = || async {
         let cm = cms.get_opt("istio-ca-root-cert").await.ok().flatten();
         cm.and_then(|cm| cm.data)
             .is_some_and(|d| d.get("root-cert.pem") == Some(&root))
-    })
-    .await;
+    };
+    eventually("istio-ca-root-cert in app", WAIT, published).await;
+    // ... and puts it back when it is edited or deleted.
+    let edit = json!({"data": {"root-cert.pem": "not the root"}});
+    cms.patch(
+        "istio-ca-root-cert",
+        &PatchParams::default(),
+        &Patch::Merge(&edit),
+    )
+    .await
+    .unwrap();
+    eventually("the edited root put back", WAIT, published).await;
+    cms.delete("istio-ca-root-cert", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted root put back", WAIT, published).await;
 }
