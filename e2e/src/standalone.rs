@@ -81,6 +81,11 @@ pub struct Standalone {
 impl Standalone {
     /// Builds the topology; `tag` keeps namespace names unique per test.
     pub fn new(tag: &str) -> Result<Self> {
+        Self::with_ztunnel_env(tag, &[])
+    }
+
+    /// [`Standalone::new`] with more environment for both ztunnels.
+    pub fn with_ztunnel_env(tag: &str, ztunnel_env: &[(&str, &str)]) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ca = dir.path().join("ca");
         mesh::ca_init(&ca)?;
@@ -100,8 +105,20 @@ impl Standalone {
         let a_dev = veth_name(&a)?;
         a.exec(&["ip", "route", "add", "10.96.0.0/16", "dev", &a_dev])?;
 
-        let ztunnel_b = mesh::start_dedicated_ztunnel(&b, "vms/server-vm/server", &ca, &config)?;
-        let ztunnel_a = mesh::start_dedicated_ztunnel(&a, "vms/client-vm/client", &ca, &config)?;
+        let ztunnel_b = mesh::start_dedicated_ztunnel_with(
+            &b,
+            "vms/server-vm/server",
+            &ca,
+            &config,
+            ztunnel_env,
+        )?;
+        let ztunnel_a = mesh::start_dedicated_ztunnel_with(
+            &a,
+            "vms/client-vm/client",
+            &ca,
+            &config,
+            ztunnel_env,
+        )?;
         let ztunnel = mesh::binary("ztunnel")?;
         let (direct_sink, direct_echo) =
             (DIRECT_SINK_PORT.to_string(), DIRECT_ECHO_PORT.to_string());

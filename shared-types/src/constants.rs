@@ -29,6 +29,8 @@ pub const ZTUNNEL_ADMIN_PORT: u16 = 15000;
 pub const ZTUNNEL_METRICS_PORT: u16 = 15020;
 pub const ZTUNNEL_READINESS_PORT: u16 = 15021;
 pub const AGENT_HEALTH_PORT: u16 = 8000;
+/// ztunnel's worker threads when `ZTUNNEL_WORKER_THREADS` is unset (Istio's default too).
+pub const ZTUNNEL_DEFAULT_WORKER_THREADS: usize = 2;
 pub const AGENT_METRICS_PORT: u16 = 15014;
 
 /// Ports ztunnel itself listens on; traffic addressed to them is refused so a

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use shared_types::constants::{
     DEFAULT_PACKET_MARK, DEFAULT_TRUST_DOMAIN, DEFAULT_ZDS_SOCKET, SYSTEM_NAMESPACE,
+    ZTUNNEL_DEFAULT_WORKER_THREADS,
 };
 use shared_types::duration::parse_duration;
 
@@ -156,7 +157,7 @@ pub struct Config {
     #[arg(long, env = "ISTIO_META_CLUSTER_ID")]
     #[serde(skip)]
     pub meta_cluster_id: Option<String>,
-    #[arg(long, env = "ZTUNNEL_WORKER_THREADS", default_value_t = 2)]
+    #[arg(long, env = "ZTUNNEL_WORKER_THREADS", default_value_t = ZTUNNEL_DEFAULT_WORKER_THREADS)]
     pub worker_threads: usize,
     /// Lifetime asked for workload certificates (Istio's SECRET_TTL); renewed at half-life.
     #[arg(long, env = "SECRET_TTL", default_value = "24h", value_parser = parse_duration)]

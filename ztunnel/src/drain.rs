@@ -46,13 +46,22 @@ impl Drain {
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        self.spawn_on(connection, &tokio::runtime::Handle::current());
+    }
+
+    /// [`Drain::spawn`] on the given runtime (a worker's).
+    pub fn spawn_on<F>(&self, connection: F, runtime: &tokio::runtime::Handle)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
         let force = self.force.clone();
-        self.tasks.spawn(async move {
+        let connection = async move {
             tokio::select! {
                 () = connection => {}
                 () = force.cancelled() => {}
             }
-        });
+        };
+        self.tasks.spawn_on(connection, runtime);
     }
 
     /// Tells listeners to stop accepting; connections carry on.

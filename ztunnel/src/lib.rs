@@ -24,3 +24,4 @@ pub mod socket;
 pub mod state;
 pub mod telemetry;
 pub mod tls;
+pub mod workers;

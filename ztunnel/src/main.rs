@@ -131,12 +131,8 @@ fn main() -> anyhow::Result<()> {
         None => {
             let config = cli.config;
             let logging = ztunnel::telemetry::init();
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(config.worker_threads.max(1))
-                .thread_name("ztunnel-worker")
-                .enable_all()
-                .build()?;
-            runtime.block_on(ztunnel::app::run(config, Some(logging)))
+            let workers = config.worker_threads;
+            ztunnel::workers::run(workers, ztunnel::app::run(config, Some(logging)))?
         }
     }
 }

@@ -242,3 +242,56 @@ async fn wrong_server_identity_fails_the_connect() {
     assert!(err.to_string().contains("TLS"), "{err}");
     assert_eq!(pool.connection_count(), 0);
 }
+
+/// With ztunnel's worker threads, each worker shares only its own connections: a
+/// stream is never driven by another thread's HTTP/2 connection.
+#[test]
+fn each_worker_pools_its_own_connections() {
+    ztunnel::workers::run(2, async {
+        let (certs, metrics) = mesh();
+        let server =
+            start_server(&certs, "127.0.0.1:0".parse().unwrap(), echo_server().await).await;
+        let pool = Pool::new(
+            certs.clone(),
+            socket::local(0),
+            metrics,
+            Duration::from_secs(300),
+        );
+        let req = request(&server);
+
+        let open_here = |pool: Arc<Pool>, req: ConnectRequest| async move {
+            let mut stream = pool.connect(&req).await.unwrap();
+            round_trip(&mut stream, b"ping").await;
+            (ztunnel::workers::current(), stream)
+        };
+        let (worker, _first) = open_here(pool.clone(), req.clone()).await;
+        assert_eq!(worker, 0);
+        let (_, _second) = open_here(pool.clone(), req.clone()).await;
+        assert_eq!(
+            pool.connection_count(),
+            1,
+            "the same worker reuses its connection"
+        );
+
+        // Worker 1, found by making the others look busy.
+        let mut busy = Vec::new();
+        let other = loop {
+            let worker = ztunnel::workers::pick();
+            let index = worker
+                .runtime()
+                .spawn(async { ztunnel::workers::current() });
+            if index.await.unwrap() == 1 {
+                break worker;
+            }
+            busy.push(worker.counted(std::future::pending::<()>()));
+        };
+        let on_other =
+            |pool: Arc<Pool>, req: ConnectRequest| other.runtime().spawn(open_here(pool, req));
+        let (worker, _third) = on_other(pool.clone(), req.clone()).await.unwrap();
+        assert_eq!(worker, 1);
+        assert_eq!(pool.connection_count(), 2, "worker 1 opened its own");
+        let (_, _fourth) = on_other(pool.clone(), req.clone()).await.unwrap();
+        assert_eq!(pool.connection_count(), 2, "and reuses it");
+    })
+    .unwrap();
+}

@@ -6,6 +6,11 @@
 //! [`POOL_MAX_STREAMS_PER_CONNECTION`] streams (or the peer's lower limit). Opening a
 //! connection for a key holds that key's lock, so a burst to a new destination opens
 //! exactly one connection and every other request of the burst waits and shares it.
+//!
+//! Each worker thread has its own connections (see `crate::workers`): a stream and the
+//! HTTP/2 connection it travels on are driven by the same thread, so moving bytes
+//! never needs a wakeup across threads. That costs at most one connection per key
+//! and worker.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -53,7 +58,8 @@ pub struct Pool {
     certs: SecretManager,
     sockets: Arc<dyn SocketFactory>,
     metrics: Arc<Metrics>,
-    slots: Mutex<HashMap<PoolKey, Arc<Slot>>>,
+    /// By key and the worker whose connections they are.
+    slots: Mutex<HashMap<(PoolKey, usize), Arc<Slot>>>,
     idle_timeout: Duration,
     next_id: AtomicU64,
 }
@@ -172,7 +178,10 @@ impl Pool {
     }
 
     fn slot(&self, key: &PoolKey) -> Arc<Slot> {
-        lock(&self.slots).entry(key.clone()).or_default().clone()
+        lock(&self.slots)
+            .entry((key.clone(), crate::workers::current()))
+            .or_default()
+            .clone()
     }
 
     /// A lease on a connection with room, opening one if none has room. The bool is
@@ -309,7 +318,7 @@ impl Pool {
     /// Drops connections idle for longer than the idle timeout.
     fn reap(&self) {
         let now = Instant::now();
-        let slots: Vec<(PoolKey, Arc<Slot>)> = lock(&self.slots)
+        let slots: Vec<((PoolKey, usize), Arc<Slot>)> = lock(&self.slots)
             .iter()
             .map(|(k, s)| (k.clone(), s.clone()))
             .collect();

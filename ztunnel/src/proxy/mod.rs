@@ -129,11 +129,21 @@ where
         };
         match accepted {
             Ok((stream, peer)) => {
+                // The whole connection runs on one worker (see `crate::workers`).
+                let worker = crate::workers::pick();
+                let stream = match worker.adopt(stream) {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        warn!(proxy = name, error = %e, "could not hand a connection to a worker");
+                        continue;
+                    }
+                };
                 let span = tracing::debug_span!("conn", proxy = name, src = %peer);
-                drain.spawn(tracing::Instrument::instrument(
+                let connection = tracing::Instrument::instrument(
                     handle(stream, crate::socket::to_canonical(peer)),
                     span,
-                ));
+                );
+                drain.spawn_on(worker.counted(connection), worker.runtime());
             }
             Err(e) => {
                 // Out of fds or similar: back off instead of spinning.

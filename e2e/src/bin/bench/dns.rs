@@ -18,7 +18,7 @@ use e2e::process::wait_for;
 use e2e::zds_agent::FakeAgent;
 use hickory_proto::op::Message;
 use hickory_proto::rr::RecordType;
-use shared_types::constants::DEFAULT_PACKET_MARK;
+use shared_types::constants::{DEFAULT_PACKET_MARK, ZTUNNEL_DEFAULT_WORKER_THREADS};
 use shared_types::zds::WorkloadInfo;
 
 use crate::procfs::{clock_ticks, cpu_ticks};
@@ -159,7 +159,8 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     })?;
     let elapsed = started.elapsed().as_secs_f64();
     let vcpu = (cpu_ticks(ztunnel.pid()) - cpu_before) as f64 / clock_ticks() / elapsed;
-    let workers = std::env::var("ZTUNNEL_WORKER_THREADS").unwrap_or_else(|_| "2".into());
+    let workers = std::env::var("ZTUNNEL_WORKER_THREADS")
+        .unwrap_or_else(|_| ZTUNNEL_DEFAULT_WORKER_THREADS.to_string());
 
     let p = |samples: &[f64], q| percentile(samples, q);
     let mut figures = vec![

@@ -27,3 +27,56 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// Scheduler counters summed over every thread of some processes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SchedCounters {
+    /// Context switches, voluntary and not.
+    pub switches: u64,
+    /// Moves of a thread from one CPU to another.
+    pub migrations: u64,
+}
+
+impl SchedCounters {
+    /// From /proc/<pid>/task/*/sched (kernels with scheduler statistics; zero otherwise).
+    pub fn of(pids: &[u32]) -> Self {
+        let mut total = SchedCounters::default();
+        for pid in pids {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for task in tasks.flatten() {
+                let sched = std::fs::read_to_string(task.path().join("sched")).unwrap_or_default();
+                for line in sched.lines() {
+                    let Some((key, value)) = line.split_once(':') else {
+                        continue;
+                    };
+                    let value: u64 = value.trim().parse().unwrap_or(0);
+                    match key.trim() {
+                        "nr_switches" => total.switches += value,
+                        "se.nr_migrations" => total.migrations += value,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        total
+    }
+}
+
+impl std::ops::Sub for SchedCounters {
+    type Output = SchedCounters;
+    fn sub(self, earlier: SchedCounters) -> SchedCounters {
+        SchedCounters {
+            switches: self.switches.saturating_sub(earlier.switches),
+            migrations: self.migrations.saturating_sub(earlier.migrations),
+        }
+    }
+}
+
+impl std::ops::AddAssign for SchedCounters {
+    fn add_assign(&mut self, other: SchedCounters) {
+        self.switches += other.switches;
+        self.migrations += other.migrations;
+    }
+}
