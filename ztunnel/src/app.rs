@@ -10,12 +10,13 @@ use tracing::{info, warn};
 
 use crate::admin::Admin;
 use crate::config::{Config, DiscoverySource, ProxyMode, DEFAULT_AUTH_TOKEN};
-use crate::discovery::kubernetes;
+use crate::control_plane::{ControlPlaneConfig, TokenSource};
 use crate::discovery::local::watch_local_file;
+use crate::discovery::{kubernetes, xds, FirstSync};
 use crate::dns::DnsProxy;
 use crate::drain::Drain;
 use crate::http;
-use crate::identity::caclient::{CaClient, CaClientConfig, TokenSource};
+use crate::identity::caclient::CaClient;
 use crate::identity::{CertificateAuthority, CertificateSource, Identity, SecretManager};
 use crate::inpod::netns::NetnsExecutor;
 use crate::inpod::run_zds_client;
@@ -32,13 +33,6 @@ use crate::telemetry::LogHandle;
 
 /// Runs ztunnel until SIGTERM, SIGINT or `/quitquitquit`, then drains.
 pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
-    if !config.xds_address.is_empty() {
-        warn!(xds = %config.xds_address, "XDS_ADDRESS is set, but this ztunnel reads its configuration from LOCAL_XDS_PATH (and Kubernetes); ignoring it");
-    }
-    let unused = crate::config::xds_node_metadata_set();
-    if !unused.is_empty() {
-        warn!(variables = ?unused, "set, but Istio's ztunnel uses them only as xDS node metadata (SERVICE_ACCOUNT not at all) and this ztunnel has no xDS client; ignoring them");
-    }
     if let Some(cluster) = config.meta_cluster_id.take() {
         config.cluster_id = cluster;
     }
@@ -63,7 +57,12 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
     .await?;
 
     let discovery = config.discovery();
-    let kubernetes = if discovery.uses_kubernetes() {
+    // The source that fills the store in the background, if any: pods wait for it.
+    let remote = if discovery == DiscoverySource::Xds {
+        Some(start_xds_discovery(
+            &config, &state, &metrics, &readiness, &shutdown,
+        )?)
+    } else if discovery.uses_kubernetes() {
         Some(start_kubernetes_discovery(&config, &state, &readiness, &shutdown).await?)
     } else {
         None
@@ -167,11 +166,11 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 shutdown.clone(),
             );
             tokio::spawn(async move {
-                // No pod is served before the first Kubernetes sync: until then its
-                // proxy would not know which peers take HBONE and would send their
-                // traffic as plaintext (a window at every ztunnel restart).
-                if let Some(kubernetes) = kubernetes {
-                    if !kubernetes.wait_synced().await {
+                // No pod is served before the first xDS or Kubernetes sync: until
+                // then its proxy would not know which peers take HBONE and would send
+                // their traffic as plaintext (a window at every ztunnel restart).
+                if let Some(remote) = remote {
+                    if !remote.wait_synced().await {
                         return;
                     }
                 }
@@ -216,6 +215,68 @@ async fn first_certificate(
     }
 }
 
+/// xDS discovery (XDS_ADDRESS). Readiness waits for a response of each type; an
+/// unreachable istiod is retried, not fatal.
+fn start_xds_discovery(
+    config: &Config,
+    state: &StateStore,
+    metrics: &Metrics,
+    readiness: &Readiness,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<FirstSync> {
+    if config.xds_address.is_empty() {
+        bail!("DISCOVERY_SOURCE=xds needs XDS_ADDRESS (istiod's address, e.g. istiod.istio-system.svc:15012)");
+    }
+    if let Some(path) = &config.local_xds_path {
+        warn!(path = %path.display(), "XDS_ADDRESS is set: ignoring LOCAL_XDS_PATH");
+    }
+    let missing: Vec<&str> = [
+        ("POD_NAME", &config.pod_name),
+        ("POD_NAMESPACE", &config.pod_namespace),
+        ("INSTANCE_IP", &config.instance_ip),
+    ]
+    .into_iter()
+    .filter(|(_, value)| value.is_empty())
+    .map(|(name, _)| name)
+    .collect();
+    if !missing.is_empty() {
+        bail!("XDS_ADDRESS needs {} (this ztunnel's pod, from the downward API): istiod identifies the proxy by them", missing.join(", "));
+    }
+    let xds = xds::XdsConfig {
+        control_plane: ControlPlaneConfig {
+            address: config.xds_address.clone(),
+            root_ca: config
+                .xds_root_ca
+                .parse()
+                .map_err(|e| anyhow::anyhow!("XDS_ROOT_CA: {e}"))?,
+            token: TokenSource::from_setting(config.auth_token.as_deref(), DEFAULT_AUTH_TOKEN),
+            cluster_id: config.cluster_id.clone(),
+            alt_hostname: config.alt_xds_hostname.clone(),
+            extra_headers: ControlPlaneConfig::headers_from_env("XDS"),
+            packet_mark: config.packet_mark,
+        },
+        node: xds::NodeIdentity {
+            pod_name: config.pod_name.clone(),
+            pod_namespace: config.pod_namespace.clone(),
+            instance_ip: config.instance_ip.clone(),
+            node_name: config.node_name.clone(),
+            cluster_id: config.cluster_id.clone(),
+            extra_metadata: xds::NodeIdentity::istio_meta_from_env(),
+        },
+    };
+    let ready = readiness.register("xds");
+    let synced = xds::start(
+        xds,
+        state.clone(),
+        metrics.xds.clone(),
+        Some(ready),
+        shutdown.clone(),
+    )
+    .context("configuring the xDS client")?;
+    info!(address = %config.xds_address, "workloads, services and policies come from istiod over xDS");
+    Ok(synced)
+}
+
 /// Kubernetes discovery (DISCOVERY_SOURCE=kubernetes|both). Readiness waits for its
 /// first complete sync; an unreachable API server is retried, not fatal.
 async fn start_kubernetes_discovery(
@@ -223,7 +284,7 @@ async fn start_kubernetes_discovery(
     state: &StateStore,
     readiness: &Readiness,
     shutdown: &CancellationToken,
-) -> anyhow::Result<kubernetes::KubernetesDiscovery> {
+) -> anyhow::Result<FirstSync> {
     match (config.discovery(), &config.local_xds_path) {
         (DiscoverySource::Both, None) => {
             anyhow::bail!("DISCOVERY_SOURCE=both needs LOCAL_XDS_PATH")
@@ -261,19 +322,20 @@ fn certificate_source(config: &Config) -> anyhow::Result<CertificateSource> {
         ("", None) => bail!("no certificate authority: set CA_ADDRESS (istiod's certificate service) or, on a VM without a control plane, CA_CERTS_DIR (Istio's plug-in CA files, e.g. from `ztunnel ca init --out DIR`)"),
         (_, Some(_)) => bail!("CA_ADDRESS and CA_CERTS_DIR are both set: with a control plane the CA key stays in istiod; unset CA_CERTS_DIR"),
         (address, None) => {
-            let client = CaClient::new(CaClientConfig {
+            let control_plane = ControlPlaneConfig {
                 address: address.to_owned(),
-                root_ca: config.ca_root_ca.parse().map_err(anyhow::Error::msg)?,
+                root_ca: config
+                    .ca_root_ca
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("CA_ROOT_CA: {e}"))?,
                 token: TokenSource::from_setting(config.auth_token.as_deref(), DEFAULT_AUTH_TOKEN),
                 cluster_id: config.cluster_id.clone(),
                 alt_hostname: config.alt_ca_hostname.clone(),
-                impersonate: config.proxy_mode == ProxyMode::Shared,
-                extra_headers: std::env::vars()
-                    .filter_map(|(k, v)| Some((k.strip_prefix("CA_HEADER_")?.to_owned(), v)))
-                    .collect(),
+                extra_headers: ControlPlaneConfig::headers_from_env("CA"),
                 packet_mark: config.packet_mark,
-            })
-            .context("configuring the CA client")?;
+            };
+            let client = CaClient::new(&control_plane, config.proxy_mode == ProxyMode::Shared)
+                .context("configuring the CA client")?;
             info!(%address, "workload certificates come from istiod");
             Ok(CertificateSource::Remote(Arc::new(client)))
         }

@@ -36,6 +36,8 @@ pub enum DiscoverySource {
     Kubernetes,
     /// The API server plus LOCAL_XDS_PATH (required); file entries win on key collisions.
     Both,
+    /// istiod over delta xDS (XDS_ADDRESS, required); LOCAL_XDS_PATH is ignored.
+    Xds,
 }
 
 impl DiscoverySource {
@@ -83,10 +85,25 @@ pub struct Config {
     /// The workload a dedicated ztunnel serves: namespace/name/serviceaccount.
     #[arg(long, env = "PROXY_WORKLOAD_INFO")]
     pub proxy_workload_info: Option<WorkloadInfo>,
-    /// xDS control plane. Empty means none: configuration comes from LOCAL_XDS_PATH
-    /// (and, in shared mode, from the Kubernetes API).
+    /// istiod's delta xDS, e.g. `istiod.istio-system.svc:15012`: workloads, services
+    /// and policies come from it. Empty: from LOCAL_XDS_PATH (and, in shared mode, from
+    /// the Kubernetes API).
     #[arg(long, env = "XDS_ADDRESS", default_value = "")]
     pub xds_address: String,
+    /// The root istiod's serving certificate chains to, for XDS_ADDRESS.
+    #[arg(long, env = "XDS_ROOT_CA", default_value = DEFAULT_CA_ROOT_CA)]
+    pub xds_root_ca: String,
+    /// The name istiod's certificate is checked against, when XDS_ADDRESS is not it.
+    #[arg(long, env = "ALT_XDS_HOSTNAME")]
+    pub alt_xds_hostname: Option<String>,
+    /// This ztunnel's own pod (downward API), sent to istiod as xDS node identity.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub pod_name: String,
+    /// Its namespace: istiod checks the xDS stream's token belongs to it.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    pub pod_namespace: String,
+    #[arg(long, env = "INSTANCE_IP", default_value = "")]
+    pub instance_ip: String,
     /// istiod's certificate service, e.g. `istiod.istio-system.svc:15012`. Set in a
     /// cluster: no CA key on the node.
     #[arg(long, env = "CA_ADDRESS", default_value = "")]
@@ -182,40 +199,28 @@ pub struct Config {
     pub inbound_plaintext_addr: SocketAddr,
 }
 
-/// Istio's ztunnel chart sets these from the downward API. Istio's ztunnel sends the
-/// first three (its own pod's name, namespace and IP) as xDS node metadata and reads
-/// SERVICE_ACCOUNT nowhere. This ztunnel has no xDS client, so none has a use here: our
-/// chart does not set them, and a ztunnel that finds one set says it ignores it.
-pub const XDS_NODE_METADATA_ENV: [&str; 4] = [
-    "POD_NAME",
-    "POD_NAMESPACE",
-    "INSTANCE_IP",
-    "SERVICE_ACCOUNT",
-];
-
-/// Which of [`XDS_NODE_METADATA_ENV`] are set in this process's environment.
-pub fn xds_node_metadata_set() -> Vec<&'static str> {
-    XDS_NODE_METADATA_ENV
-        .into_iter()
-        .filter(|var| std::env::var_os(var).is_some())
-        .collect()
-}
-
 /// Istio's boolean settings: "true" in any case is on, anything else off.
 fn parse_istio_bool(s: &str) -> Result<bool, String> {
     Ok(s.trim().eq_ignore_ascii_case("true"))
 }
 
 impl Config {
-    /// The effective discovery source: `DISCOVERY_SOURCE` if set; otherwise a node proxy
-    /// (shared mode) without LOCAL_XDS_PATH reads Kubernetes, and everything else (a
-    /// dedicated ztunnel, or one given a local file) stays local-only.
+    /// The effective discovery source: `DISCOVERY_SOURCE` if set; otherwise xDS when
+    /// XDS_ADDRESS is set, else a node proxy (shared mode) without LOCAL_XDS_PATH reads
+    /// Kubernetes, and everything else (a dedicated ztunnel, or one given a local
+    /// file) stays local-only.
     pub fn discovery(&self) -> DiscoverySource {
-        self.discovery_source
-            .unwrap_or(match (self.proxy_mode, &self.local_xds_path) {
-                (ProxyMode::Shared, None) => DiscoverySource::Kubernetes,
+        self.discovery_source.unwrap_or(
+            match (
+                self.xds_address.is_empty(),
+                self.proxy_mode,
+                &self.local_xds_path,
+            ) {
+                (false, _, _) => DiscoverySource::Xds,
+                (true, ProxyMode::Shared, None) => DiscoverySource::Kubernetes,
                 _ => DiscoverySource::Local,
-            })
+            },
+        )
     }
 }
 
@@ -259,5 +264,17 @@ mod tests {
         );
         assert!(Both.uses_kubernetes() && Both.uses_local());
         assert!(!Local.uses_kubernetes() && !Kubernetes.uses_local());
+        assert!(!Xds.uses_kubernetes() && !Xds.uses_local());
+
+        c.xds_address = "istiod.istio-system.svc:15012".into();
+        let mut with = |mode, local: Option<&str>, source| {
+            c.proxy_mode = mode;
+            c.local_xds_path = local.map(PathBuf::from);
+            c.discovery_source = source;
+            c.discovery()
+        };
+        assert_eq!(with(ProxyMode::Shared, None, None), Xds);
+        assert_eq!(with(ProxyMode::Dedicated, Some("/x"), None), Xds);
+        assert_eq!(with(ProxyMode::Shared, None, Some(Kubernetes)), Kubernetes);
     }
 }

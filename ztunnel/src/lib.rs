@@ -10,6 +10,7 @@ pub mod admin;
 pub mod app;
 pub mod capture;
 pub mod config;
+pub mod control_plane;
 pub mod discovery;
 pub mod dns;
 pub mod drain;

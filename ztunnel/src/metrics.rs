@@ -9,6 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::discovery::xds::XdsMetrics;
 use crate::dns::DnsMetrics;
 use crate::identity::manager::CertMetrics;
 use crate::identity::Identity;
@@ -139,6 +140,7 @@ pub struct Metrics {
     pub local_config_errors: Counter,
     pub certs: CertMetrics,
     pub dns: Arc<DnsMetrics>,
+    pub xds: Arc<XdsMetrics>,
 }
 
 impl Default for Metrics {
@@ -164,6 +166,7 @@ impl Metrics {
             local_config_errors: Counter::default(),
             certs: CertMetrics::default(),
             dns: Arc::default(),
+            xds: Arc::default(),
             registry: Registry::default(),
         };
         // prometheus-client appends `_total` to counters on exposition.
@@ -241,6 +244,7 @@ impl Metrics {
             metrics.local_config_errors.clone(),
         );
         metrics.dns.register(&mut registry);
+        metrics.xds.register(&mut registry);
         Metrics {
             registry,
             ..metrics

@@ -14,7 +14,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::Client;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use ztunnel::discovery::kubernetes::{self, KubernetesDiscovery, Options};
+use ztunnel::discovery::kubernetes::{self, Options};
+use ztunnel::discovery::FirstSync;
 use ztunnel::readiness::Readiness;
 use ztunnel::state::{Action, Protocol, Scope, StateStore};
 
@@ -46,10 +47,7 @@ async fn stop(control: &Control) {
 }
 
 /// Starts discovery against `client`, registering its readiness block.
-fn discover(
-    client: &Client,
-    readiness: &Readiness,
-) -> (StateStore, KubernetesDiscovery, CancellationToken) {
+fn discover(client: &Client, readiness: &Readiness) -> (StateStore, FirstSync, CancellationToken) {
     let store = StateStore::new();
     let cancel = CancellationToken::new();
     let d = kubernetes::start(
@@ -62,7 +60,7 @@ fn discover(
     (store, d, cancel)
 }
 
-async fn synced(d: &KubernetesDiscovery) {
+async fn synced(d: &FirstSync) {
     tokio::time::timeout(WAIT, d.wait_synced())
         .await
         .expect("initial sync timed out");

@@ -2,6 +2,10 @@
 //! method paths, so Istio's own ztunnel and istiod can be either end.
 
 pub mod ca;
+pub mod security;
+pub mod workload;
+#[cfg(feature = "xds")]
+pub mod xds;
 
 /// gRPC metadata keys Istio's clients send with every control-plane call.
 pub mod metadata {

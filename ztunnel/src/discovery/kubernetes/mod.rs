@@ -34,6 +34,7 @@ use tracing::debug;
 
 pub use snapshot::{build, Built};
 
+use crate::discovery::FirstSync;
 use crate::readiness::BlockReady;
 use crate::state::StateStore;
 use snapshot::{Rebuilder, Stores};
@@ -96,26 +97,6 @@ pub fn authorization_policy_resource() -> ApiResource {
     }
 }
 
-/// Handle on a running discovery.
-#[derive(Clone)]
-pub struct KubernetesDiscovery {
-    synced: signal::Receiver<bool>,
-}
-
-impl KubernetesDiscovery {
-    /// Whether the first complete snapshot has been published.
-    pub fn is_synced(&self) -> bool {
-        *self.synced.borrow()
-    }
-
-    /// Waits for the first complete snapshot; false if discovery stopped before it.
-    pub async fn wait_synced(&self) -> bool {
-        let mut rx = self.synced.clone();
-        let synced = rx.wait_for(|s| *s).await.is_ok();
-        synced
-    }
-}
-
 /// Starts the watches and the rebuild loop; they run until `cancel` fires. `ready` is
 /// released once every kind is listed and the first snapshot is published.
 pub fn start(
@@ -124,7 +105,7 @@ pub fn start(
     state: StateStore,
     ready: Option<BlockReady>,
     cancel: CancellationToken,
-) -> KubernetesDiscovery {
+) -> FirstSync {
     let changes = signal::Sender::new(0u64);
     let kinds: [Arc<AtomicBool>; 5] = Default::default();
     let progress = |i: usize| Progress {
@@ -200,7 +181,7 @@ pub fn start(
         synced_tx,
         cancel,
     ));
-    KubernetesDiscovery { synced }
+    FirstSync::new(synced)
 }
 
 /// Waits for every kind's first list, publishes, releases readiness, then rebuilds

@@ -1,0 +1,83 @@
+//! ztunnel's side of delta xDS: what a hostile or broken control plane sends. Every
+//! response is applied without a panic; every refused resource is named (a name from
+//! the response, or none for a refused type); a refused resource leaves what was held
+//! under its name as it was; and removing every held name empties the state.
+//!
+//! Input: byte 0 picks the shape. Even: the rest is one resource body under the
+//! name "r", as an Address (byte 0 < 128) or an Authorization. Odd: the rest is a
+//! whole `DeltaDiscoveryResponse`.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+use shared_types::istio::xds::{
+    Any, DeltaDiscoveryResponse, Resource, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
+};
+use ztunnel::discovery::xds::Resources;
+
+fn one_resource(type_url: &str, body: &[u8]) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        type_url: type_url.into(),
+        nonce: "1".into(),
+        resources: vec![Resource {
+            name: "r".into(),
+            version: "fuzz".into(),
+            resource: Some(Any {
+                type_url: type_url.into(),
+                value: body.to_vec(),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fuzz_target!(|input: &[u8]| {
+    let [shape, bytes @ ..] = input else { return };
+    let response = if shape % 2 == 0 {
+        let type_url = if *shape < 128 {
+            ADDRESS_TYPE_URL
+        } else {
+            AUTHORIZATION_TYPE_URL
+        };
+        one_resource(type_url, bytes)
+    } else {
+        match DeltaDiscoveryResponse::decode(bytes) {
+            Ok(response) => response,
+            Err(_) => return,
+        }
+    };
+
+    let mut resources = Resources::default();
+    let before = resources.versions(&response.type_url);
+    let names: Vec<String> = response.resources.iter().map(|r| r.name.clone()).collect();
+    let removed = response.removed_resources.clone();
+    let type_url = response.type_url.clone();
+    let errors = resources.apply(response);
+    for e in &errors {
+        assert!(
+            (e.name.is_empty() && errors.len() == 1) || names.contains(&e.name),
+            "refused {e}, a name the response does not hold"
+        );
+    }
+    let after = resources.versions(&type_url);
+    for name in after.keys() {
+        assert!(names.contains(name) || before.contains_key(name), "{name} appeared");
+    }
+    for name in &removed {
+        assert!(!after.contains_key(name), "{name} was removed yet is held");
+    }
+
+    let everything = DeltaDiscoveryResponse {
+        type_url: type_url.clone(),
+        removed_resources: after.into_keys().collect(),
+        ..Default::default()
+    };
+    resources.apply(everything);
+    assert_eq!(
+        resources.state().counts(),
+        (0, 0, 0),
+        "removing every name left state behind"
+    );
+});

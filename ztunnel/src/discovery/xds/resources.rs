@@ -1,0 +1,181 @@
+//! What the client holds: every resource istiod sent, by type and name, with its
+//! version, and the [`ProxyState`] they make up. Applying a response is pure, so it
+//! is tested (and fuzzed) without a network.
+
+use std::collections::HashMap;
+
+use prost::Message;
+use shared_types::istio::security::{self, AUTHORIZATION_TYPE_URL};
+use shared_types::istio::workload::{self, ADDRESS_TYPE_URL};
+use shared_types::istio::xds::{DeltaDiscoveryResponse, Resource};
+
+use super::convert::{self, Converted};
+use crate::state::ProxyState;
+
+/// The types ztunnel subscribes to, in the order it asks for them.
+pub const TYPES: [&str; 2] = [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL];
+
+/// One refused resource (or a refused response, with an empty name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceError {
+    pub name: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for ResourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.name.is_empty() {
+            f.write_str(&self.reason)
+        } else {
+            write!(f, "{}: {}", self.name, self.reason)
+        }
+    }
+}
+
+/// What a resource name became in the state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Key {
+    Workload(String),
+    Service(String),
+    Policy(String),
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    version: String,
+    key: Key,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Resources {
+    state: ProxyState,
+    /// type URL -> resource name -> what we hold of it.
+    held: HashMap<&'static str, HashMap<String, Held>>,
+}
+
+impl Resources {
+    pub fn state(&self) -> &ProxyState {
+        &self.state
+    }
+
+    /// Name -> version of every resource held of `type_url`, for
+    /// `initial_resource_versions` on a reconnect.
+    pub fn versions(&self, type_url: &str) -> HashMap<String, String> {
+        self.held
+            .get(type_url)
+            .into_iter()
+            .flatten()
+            .map(|(name, held)| (name.clone(), held.version.clone()))
+            .collect()
+    }
+
+    /// Applies one response: every valid resource is added or replaced, every removed
+    /// name dropped. Invalid resources keep their previous version and are returned.
+    pub fn apply(&mut self, response: DeltaDiscoveryResponse) -> Vec<ResourceError> {
+        let Some(type_url) = TYPES.into_iter().find(|t| *t == response.type_url) else {
+            return vec![ResourceError {
+                name: String::new(),
+                reason: format!("type {:?} was not subscribed to", response.type_url),
+            }];
+        };
+        let mut errors = Vec::new();
+        for resource in response.resources {
+            let name = resource.name.clone();
+            let version = resource.version.clone();
+            match decode(type_url, resource) {
+                Ok(converted) => self.insert(type_url, name, version, converted),
+                Err(reason) => errors.push(ResourceError { name, reason }),
+            }
+        }
+        for name in response.removed_resources {
+            self.remove(type_url, &name);
+        }
+        errors
+    }
+
+    fn insert(&mut self, type_url: &'static str, name: String, version: String, value: Converted) {
+        let key = match value {
+            Converted::Workload(w) => {
+                let key = Key::Workload(w.uid.clone());
+                self.replace(type_url, &name, &key);
+                self.state.insert_workload(*w);
+                key
+            }
+            Converted::Service(s) => {
+                let key = Key::Service(s.key());
+                self.replace(type_url, &name, &key);
+                self.state.insert_service(*s);
+                key
+            }
+            Converted::Policy(p) => {
+                let key = Key::Policy(p.key());
+                self.replace(type_url, &name, &key);
+                self.state.insert_policy(*p);
+                key
+            }
+        };
+        self.held
+            .entry(type_url)
+            .or_default()
+            .insert(name, Held { version, key });
+    }
+
+    /// Before `name` is stored as `key`: drops what `name` stood for if that was
+    /// something else (a name whose uid or kind changed).
+    fn replace(&mut self, type_url: &str, name: &str, key: &Key) {
+        let old = self.held.get(type_url).and_then(|m| m.get(name));
+        if let Some(old) = old.filter(|old| old.key != *key).map(|o| o.key.clone()) {
+            self.drop_key(&old);
+        }
+    }
+
+    fn remove(&mut self, type_url: &str, name: &str) {
+        if let Some(held) = self.held.get_mut(type_url).and_then(|m| m.remove(name)) {
+            self.drop_key(&held.key);
+        }
+    }
+
+    fn drop_key(&mut self, key: &Key) {
+        match key {
+            Key::Workload(uid) => {
+                self.state.remove_workload(uid);
+            }
+            Key::Service(key) => {
+                self.state.remove_service(key);
+            }
+            Key::Policy(key) => {
+                self.state.remove_policy(key);
+            }
+        }
+    }
+}
+
+fn decode(type_url: &str, resource: Resource) -> Result<Converted, String> {
+    if resource.name.is_empty() {
+        return Err("the resource has no name".into());
+    }
+    let body = resource.resource.ok_or("the resource has no body")?;
+    if body.type_url != type_url {
+        return Err(format!(
+            "the body is a {:?}, not a {type_url:?}",
+            body.type_url
+        ));
+    }
+    let bad = |e: prost::DecodeError| format!("cannot decode: {e}");
+    match type_url {
+        ADDRESS_TYPE_URL => {
+            let address = workload::Address::decode(body.value.as_slice()).map_err(bad)?;
+            convert::address(address).map_err(|e| e.to_string())
+        }
+        _ => {
+            let policy = security::Authorization::decode(body.value.as_slice()).map_err(bad)?;
+            convert::authorization(policy)
+                .map(|p| Converted::Policy(Box::new(p)))
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "resources_tests.rs"]
+mod tests;
