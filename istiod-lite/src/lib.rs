@@ -12,3 +12,4 @@ pub mod kube;
 pub mod metrics;
 pub mod ops;
 pub mod server;
+pub mod xds;

@@ -1,11 +1,15 @@
 //! Prometheus metrics with istiod's CA metric names (`citadel_server_*`).
 //! prometheus-client writes OpenMetrics, so counters end in `_total`.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+
+use crate::xds::XdsMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -20,6 +24,7 @@ pub struct Metrics {
     pub csr_parsing_errors: Family<ReasonLabels, Counter>,
     pub csr_sign_errors: Counter,
     pub root_cert_expiry: Gauge,
+    pub xds: Arc<XdsMetrics>,
 }
 
 impl Default for Metrics {
@@ -32,6 +37,7 @@ impl Default for Metrics {
             csr_parsing_errors: Family::default(),
             csr_sign_errors: Counter::default(),
             root_cert_expiry: Gauge::default(),
+            xds: Arc::default(),
         };
         let r = &mut metrics.registry;
         r.register(
@@ -64,6 +70,7 @@ impl Default for Metrics {
             "Unix time at which the mesh root expires",
             metrics.root_cert_expiry.clone(),
         );
+        metrics.xds.register(r);
         metrics
     }
 }

@@ -1,0 +1,239 @@
+//! The resources istiod-lite serves, by type and name, each with a content version.
+//!
+//! The model publishes a type's complete set after every rebuild; the store keeps only
+//! what changed: a resource whose bytes are the same keeps its version, so a stream
+//! that already has it is sent nothing. Versions are a digest of the bytes, so every
+//! replica (and a restarted one) gives the same resource the same version, and a
+//! reconnecting ztunnel's `initial_resource_versions` match without a resend.
+//!
+//! Each publish that changes something bumps the generation and logs the changed
+//! names, so a stream catches up by reading only those names; a stream that fell
+//! further behind than the log reaches compares everything instead.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+use shared_types::istio::xds::Any;
+use tokio::sync::watch;
+
+/// How many changes the log keeps for streams catching up.
+const LOG_LIMIT: usize = 100_000;
+
+/// One resource as served.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub version: String,
+    pub body: Any,
+}
+
+/// What changed since a generation: exact names, or "compare everything".
+#[derive(Debug, PartialEq, Eq)]
+pub enum Changes {
+    Names(BTreeMap<&'static str, BTreeSet<String>>),
+    Everything,
+}
+
+#[derive(Default)]
+struct Inner {
+    resources: BTreeMap<&'static str, BTreeMap<String, Arc<Entry>>>,
+    /// (generation, type, name) of every change, oldest first.
+    log: VecDeque<(u64, &'static str, String)>,
+    generation: u64,
+    /// When each generation was published, for push latency.
+    published: VecDeque<(u64, Instant)>,
+}
+
+#[derive(Clone)]
+pub struct ResourceStore {
+    inner: Arc<RwLock<Inner>>,
+    generation: watch::Sender<u64>,
+}
+
+impl Default for ResourceStore {
+    fn default() -> Self {
+        ResourceStore {
+            inner: Arc::default(),
+            generation: watch::Sender::new(0),
+        }
+    }
+}
+
+/// Content version of a resource body.
+pub fn version_of(body: &Any) -> String {
+    let digest = Sha256::new()
+        .chain_update(body.type_url.as_bytes())
+        .chain_update(&body.value)
+        .finalize();
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl ResourceStore {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces every resource of `type_url` with `resources`; returns how many names
+    /// changed (added, changed or removed). Nothing changed: no new generation.
+    pub fn replace_all(&self, type_url: &'static str, resources: Vec<(String, Any)>) -> usize {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let generation = inner.generation + 1;
+        let current = inner.resources.remove(type_url).unwrap_or_default();
+        let mut next = BTreeMap::new();
+        let mut changed = Vec::new();
+        for (name, body) in resources {
+            let entry = match current.get(&name) {
+                Some(old) if old.body == body => old.clone(),
+                _ => {
+                    changed.push(name.clone());
+                    Arc::new(Entry {
+                        version: version_of(&body),
+                        body,
+                    })
+                }
+            };
+            next.insert(name, entry);
+        }
+        changed.extend(current.into_keys().filter(|name| !next.contains_key(name)));
+        inner.resources.insert(type_url, next);
+        if changed.is_empty() {
+            return 0;
+        }
+        let count = changed.len();
+        inner.generation = generation;
+        inner
+            .log
+            .extend(changed.into_iter().map(|name| (generation, type_url, name)));
+        while inner.log.len() > LOG_LIMIT {
+            inner.log.pop_front();
+        }
+        inner.published.push_back((generation, Instant::now()));
+        while inner.published.len() > 1024 {
+            inner.published.pop_front();
+        }
+        drop(inner);
+        self.generation.send_replace(generation);
+        count
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.read().generation
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// The names changed after generation `since`, and the generation they bring
+    /// the caller up to.
+    pub fn changes_since(&self, since: u64) -> (Changes, u64) {
+        let inner = self.read();
+        let behind = match inner.log.front() {
+            // The log starts after `since + 1`: some changes were dropped.
+            Some((oldest, _, _)) => *oldest > since + 1,
+            None => inner.generation > since,
+        };
+        if behind {
+            return (Changes::Everything, inner.generation);
+        }
+        let mut names: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+        let start = inner.log.partition_point(|(g, _, _)| *g <= since);
+        for (_, type_url, name) in inner.log.range(start..) {
+            names.entry(type_url).or_default().insert(name.clone());
+        }
+        (Changes::Names(names), inner.generation)
+    }
+
+    /// When generation `generation` (or the first one after it) was published.
+    pub fn published_at(&self, generation: u64) -> Option<Instant> {
+        let inner = self.read();
+        let i = inner.published.partition_point(|(g, _)| *g < generation);
+        inner.published.get(i).map(|(_, at)| *at)
+    }
+
+    pub fn get(&self, type_url: &str, name: &str) -> Option<Arc<Entry>> {
+        self.read().resources.get(type_url)?.get(name).cloned()
+    }
+
+    /// Every resource of `type_url`, by name.
+    pub fn all(&self, type_url: &str) -> BTreeMap<String, Arc<Entry>> {
+        self.read()
+            .resources
+            .get(type_url)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn len(&self, type_url: &str) -> usize {
+        self.read().resources.get(type_url).map_or(0, BTreeMap::len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn any(value: &[u8]) -> Any {
+        Any {
+            type_url: "t".into(),
+            value: value.to_vec(),
+        }
+    }
+
+    #[test]
+    fn only_changed_names_get_a_new_version_and_a_log_entry() {
+        let store = ResourceStore::default();
+        assert_eq!(
+            store.replace_all("A", vec![("a".into(), any(b"1")), ("b".into(), any(b"1"))]),
+            2
+        );
+        let g1 = store.generation();
+        let a1 = store.get("A", "a").unwrap().version.clone();
+        // Same bytes: no generation, no change.
+        assert_eq!(
+            store.replace_all("A", vec![("a".into(), any(b"1")), ("b".into(), any(b"1"))]),
+            0
+        );
+        assert_eq!(store.generation(), g1);
+        // b changes, a is dropped, c appears.
+        assert_eq!(
+            store.replace_all("A", vec![("b".into(), any(b"2")), ("c".into(), any(b"1"))]),
+            3
+        );
+        assert_eq!(
+            store.get("A", "c").unwrap().version,
+            a1,
+            "versions are content digests"
+        );
+        assert!(store.get("A", "a").is_none());
+        let (Changes::Names(names), _) = store.changes_since(g1) else {
+            panic!("the log covers g1")
+        };
+        let names: Vec<&str> = names["A"].iter().map(String::as_str).collect();
+        assert_eq!(names, vec!["a", "b", "c"]);
+        let now = store.generation();
+        assert_eq!(
+            store.changes_since(now),
+            (Changes::Names(BTreeMap::new()), now)
+        );
+        let all = BTreeMap::from([("A", ["a", "b", "c"].map(String::from).into())]);
+        assert_eq!(store.changes_since(0), (Changes::Names(all), now));
+    }
+
+    #[test]
+    fn a_stream_behind_the_log_compares_everything() {
+        let store = ResourceStore::default();
+        for i in 0..=(LOG_LIMIT / 1000 + 1) {
+            let set = (0..1000)
+                .map(|n| (format!("r{n}"), any(format!("{i}").as_bytes())))
+                .collect();
+            store.replace_all("A", set);
+        }
+        assert_eq!(store.changes_since(0).0, Changes::Everything);
+        assert!(matches!(
+            store.changes_since(store.generation() - 1).0,
+            Changes::Names(_)
+        ));
+    }
+}
