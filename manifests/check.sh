@@ -7,8 +7,9 @@
 #      (namespaces, labels, hardened containers, no Secret on a node, structural CRD)
 #      and the expectations listed with the combination;
 #   4. AuthorizationPolicy samples validate against the CRD, and broken ones do not;
-#   5. the default ztunnel and istiod-lite renders fit together (CA address, token
-#      audience, trusted node account, cluster id, trust domain);
+#   5. the default ztunnel and istiod-lite renders fit together (CA and xDS address,
+#      xDS node identity, token audience, trusted node account, cluster id, trust
+#      domain, who reads the Kubernetes API);
 #   6. bad values fail with the schema error that names them (values.schema.json).
 #
 # Usage: manifests/check.sh [--update] [--install]
@@ -109,7 +110,7 @@ done
 goldens=(
   "cni|cni|"
   "ztunnel|ztunnel|"
-  "ztunnel-crds-both|ztunnel|--set crds.enabled=true --set discovery.source=both"
+  "ztunnel-crds-local|ztunnel|--set crds.enabled=true --set discovery.source=local"
   "istiod-lite|istiod-lite|"
 )
 for entry in "${goldens[@]}"; do
@@ -147,6 +148,11 @@ crd='CustomResourceDefinition/authorizationpolicies.security.istio.io'
 cp_pod='Deployment/istiod:spec.template.spec'
 cp_ctr="$cp_pod.containers[name=discovery]"
 cp_env="$cp_ctr.env"
+cp_role='ClusterRole/istiod:rules'
+# ztunnel's xDS node identity: downward API, in every mode.
+zt_node_env="$zt_ctr.env[name=POD_NAME].valueFrom.fieldRef.fieldPath=metadata.name; $zt_ctr.env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $zt_ctr.env[name=INSTANCE_IP].valueFrom.fieldRef.fieldPath=status.podIP"
+# ztunnel never talks to the Kubernetes API: no RBAC, no API token, in every mode.
+zt_no_api="!ClusterRole/ztunnel; !ClusterRoleBinding/ztunnel; !Role/ztunnel; !RoleBinding/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=false"
 combos=(
   # --- cni
   "cni||$cni_cm.ISTIO_OWNED_CNI_CONFIG=false; $cni_cm.CNI_UNINSTALL_ON_EXIT=false; $cni_ctr.env[name=CNI_AGENT_RUN_DIR].value=/var/run/istio-cni; $cni_ctr.env[name=CNI_NET_DIR].value=/host/etc/cni/net.d; $cni_ctr.env[name=CNI_BIN_DIR].value=/host/opt/cni/bin; $cni_cm.EXCLUDE_NAMESPACES=kube-system; $cni_cm.CNI_PLUGIN_PEER_UID=0; $cni_cm.ZTUNNEL_PEER_UID=0; $cni_ctr.env[name=CNI_NETNS_DIR].value=/var/run/netns; $cni_ds.volumes[name=cni-run-dir].hostPath.type=DirectoryOrCreate; $cni_ds.hostNetwork=true; $cni_ds.volumes[name=cni-bin-dir].hostPath.path=/opt/cni/bin; $cni_ds.volumes[name=cni-net-dir].hostPath.path=/etc/cni/net.d; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPropagation=HostToContainer; $cni_ctr.securityContext.capabilities.add.3=SYS_PTRACE; !$cni_ctr.securityContext.capabilities.add.4; $cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS].value=/var/run/ztunnel/ztunnel.sock; $cni_ctr.livenessProbe.httpGet.path=/healthz; $cni_ctr.readinessProbe.httpGet.port=8000; DaemonSet/istio-cni-node:spec.updateStrategy.rollingUpdate.maxUnavailable=1"
@@ -173,21 +179,21 @@ combos=(
   "cni|--set ambient.enabled=false --set ambient.ztunnelPeerUid=1337|!$cni_cm.ZTUNNEL_PEER_UID; !$cni_ctr.securityContext.capabilities.add"
   "cni|-f platforms/microk8s.yaml|$cni_ds.volumes[name=cni-net-dir].hostPath.path=/var/snap/microk8s/current/args/cni-network"
   # --- ztunnel
-  "ztunnel||!$crd; $zt_ctr.env[name=DISCOVERY_SOURCE].value=kubernetes; !$zt_ctr.env[name=LOCAL_XDS_PATH]; !ConfigMap/ztunnel-local-config; ClusterRole/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=true; $zt_ctr.env[name=PROXY_MODE].value=shared; $zt_ctr.env[name=XDS_ADDRESS].value=; $zt_ctr.env[name=INPOD_UDS].value=/var/run/ztunnel/ztunnel.sock; $zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=25s; !$zt_ds.volumes[name=cacerts]; !$zt_mounts[name=cacerts]; !$zt_ctr.env[name=CA_CERTS_DIR]; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.expirationSeconds=43200; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.path=istio-token; $zt_mounts[name=istio-token].mountPath=/var/run/secrets/tokens; $zt_ds.volumes[name=istiod-ca-cert].configMap.name=istio-ca-root-cert; $zt_mounts[name=istiod-ca-cert].mountPath=/var/run/secrets/istio; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012; $zt_ctr.env[name=SECRET_TTL].value=24h; !$zt_ctr.env[name=WORKLOAD_CERT_TTL]; $zt_ctr.env[name=CLUSTER_ID].value=Kubernetes; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=Kubernetes; $zt_ds.serviceAccountName=ztunnel; $zt_ctr.readinessProbe.httpGet.path=/healthz/ready; $zt_ctr.ports[name=ztunnel-stats].containerPort=15020; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxSurge=1; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxUnavailable=0; $zt_ds.terminationGracePeriodSeconds=30; DaemonSet/ztunnel:spec.template.metadata.labels.app=ztunnel"
-  "ztunnel|--set discovery.source=kubernetes|$zt_ctr.env[name=DISCOVERY_SOURCE].value=kubernetes; ClusterRoleBinding/ztunnel"
-  "ztunnel|--set discovery.source=local|$zt_ctr.env[name=DISCOVERY_SOURCE].value=local; $zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; ConfigMap/ztunnel-local-config:data.config\\.yaml; !ClusterRole/ztunnel; !ClusterRoleBinding/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=false; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012"
-  "ztunnel|--set discovery.source=both|$zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; ClusterRole/ztunnel; ConfigMap/ztunnel-local-config"
+  "ztunnel||!$crd; $zt_ctr.env[name=DISCOVERY_SOURCE].value=xds; !$zt_ctr.env[name=LOCAL_XDS_PATH]; !$zt_ds.volumes[name=local-config]; !ConfigMap/ztunnel-local-config; $zt_no_api; $zt_ctr.env[name=PROXY_MODE].value=shared; $zt_ctr.env[name=XDS_ADDRESS].value=istiod.istio-system.svc:15012; !$zt_ctr.env[name=XDS_ROOT_CA]; !$zt_ctr.env[name=AUTH_TOKEN]; $zt_node_env; $zt_ctr.env[name=INPOD_UDS].value=/var/run/ztunnel/ztunnel.sock; $zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=25s; !$zt_ds.volumes[name=cacerts]; !$zt_mounts[name=cacerts]; !$zt_ctr.env[name=CA_CERTS_DIR]; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.expirationSeconds=43200; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.path=istio-token; $zt_mounts[name=istio-token].mountPath=/var/run/secrets/tokens; $zt_ds.volumes[name=istiod-ca-cert].configMap.name=istio-ca-root-cert; $zt_mounts[name=istiod-ca-cert].mountPath=/var/run/secrets/istio; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012; $zt_ctr.env[name=SECRET_TTL].value=24h; !$zt_ctr.env[name=WORKLOAD_CERT_TTL]; $zt_ctr.env[name=CLUSTER_ID].value=Kubernetes; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=Kubernetes; $zt_ds.serviceAccountName=ztunnel; $zt_ctr.readinessProbe.httpGet.path=/healthz/ready; $zt_ctr.ports[name=ztunnel-stats].containerPort=15020; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxSurge=1; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxUnavailable=0; $zt_ds.terminationGracePeriodSeconds=30; DaemonSet/ztunnel:spec.template.metadata.labels.app=ztunnel"
+  "ztunnel|--set discovery.source=xds|$zt_ctr.env[name=DISCOVERY_SOURCE].value=xds; $zt_ctr.env[name=XDS_ADDRESS].value=istiod.istio-system.svc:15012; !$zt_ctr.env[name=LOCAL_XDS_PATH]; $zt_node_env; $zt_no_api"
+  "ztunnel|--set discovery.source=local|$zt_ctr.env[name=DISCOVERY_SOURCE].value=local; $zt_ctr.env[name=XDS_ADDRESS].value=; $zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; $zt_mounts[name=local-config].mountPath=/etc/ztunnel/local; $zt_ds.volumes[name=local-config].configMap.name=ztunnel-local-config; ConfigMap/ztunnel-local-config:data.config\\.yaml; $zt_no_api; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012; $zt_node_env"
   "ztunnel|--set crds.enabled=true|$crd:metadata.annotations.helm\\.sh/resource-policy=keep; $crd:spec.versions[name=v1beta1].storage=true; $crd:spec.versions[name=v1].storage=false; $crd:spec.versions[name=v1].served=true"
   "ztunnel|--set crds.enabled=true --set discovery.source=local|$crd; !ClusterRole/ztunnel"
   "ztunnel|--set crds.enabled=false|!$crd"
   "ztunnel|--set trustDomain=example.org --set clusterId=east --set workloadCertTTL=12h|$zt_ctr.env[name=TRUST_DOMAIN].value=example.org; $zt_ctr.env[name=CLUSTER_ID].value=east; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=east; $zt_ctr.env[name=SECRET_TTL].value=12h"
-  "ztunnel|--set istioNamespace=mesh-control|$zt_ctr.env[name=CA_ADDRESS].value=istiod.mesh-control.svc:15012"
-  "ztunnel|--set caAddress=https://ca.example.org:15012 --set istioNamespace=mesh-control|$zt_ctr.env[name=CA_ADDRESS].value=https://ca.example.org:15012"
+  "ztunnel|--set istioNamespace=mesh-control|$zt_ctr.env[name=CA_ADDRESS].value=istiod.mesh-control.svc:15012; $zt_ctr.env[name=XDS_ADDRESS].value=istiod.mesh-control.svc:15012"
+  "ztunnel|--set caAddress=https://ca.example.org:15012 --set istioNamespace=mesh-control|$zt_ctr.env[name=CA_ADDRESS].value=https://ca.example.org:15012; $zt_ctr.env[name=XDS_ADDRESS].value=https://ca.example.org:15012"
+  "ztunnel|--set caAddress=https://ca.example.org:15012 --set discovery.source=local|$zt_ctr.env[name=CA_ADDRESS].value=https://ca.example.org:15012; $zt_ctr.env[name=XDS_ADDRESS].value="
   "ztunnel|--set terminationGracePeriodSeconds=3 --set workerThreads=4 --set logLevel=info\\,ztunnel::proxy=debug|$zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=1s; $zt_ctr.env[name=ZTUNNEL_WORKER_THREADS].value=4; $zt_ctr.env[name=RUST_LOG].value=info,ztunnel::proxy=debug"
   "ztunnel|--set discovery.source=local --set-file discovery.localConfig=testdata/local-config.yaml|ConfigMap/ztunnel-local-config:data.config\\.yaml~=- !Exact cluster.local/ns/shop/sa/client"
   "ztunnel|--set env.PACKET_MARK=1337 --set image.pullPolicy=Always|$zt_ctr.env[name=PACKET_MARK].value=1337; $zt_ctr.imagePullPolicy=Always"
   # --- istiod-lite
-  "istiod-lite||Deployment/istiod:spec.replicas=1; Deployment/istiod:metadata.labels.app=istiod; Deployment/istiod:metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.labels.app=istiod; Deployment/istiod:spec.template.metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/scrape=true; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/port=15014; $cp_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0; $cp_ctr.command.0=istiod-lite; $cp_ctr.ports[name=tls-xds].containerPort=15012; $cp_ctr.ports[name=http-monitoring].containerPort=15014; $cp_ctr.ports[name=http-debug].containerPort=8080; $cp_ctr.readinessProbe.httpGet.path=/ready; $cp_ctr.readinessProbe.httpGet.port=8080; !$cp_env[name=POD_NAME]; $cp_env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $cp_env[name=TRUST_DOMAIN].value=cluster.local; $cp_env[name=CLUSTER_ID].value=Kubernetes; $cp_env[name=DOMAIN_SUFFIX].value=cluster.local; $cp_env[name=TOKEN_AUDIENCES].value=istio-ca; $cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=istio-system/ztunnel; $cp_env[name=MAX_WORKLOAD_CERT_TTL].value=2160h; $cp_env[name=DEFAULT_WORKLOAD_CERT_TTL].value=24h; $cp_env[name=CA_CERTS_DIR].value=/etc/cacerts; !$cp_env[name=ISTIOD_CUSTOM_HOST]; $cp_env[name=RUST_LOG].value=info; $cp_pod.volumes[name=cacerts].secret.secretName=cacerts; $cp_pod.volumes[name=cacerts].secret.defaultMode=288; $cp_ctr.volumeMounts[name=cacerts].mountPath=/etc/cacerts; $cp_ctr.volumeMounts[name=cacerts].readOnly=true; $cp_ctr.securityContext.runAsNonRoot=true; $cp_ctr.securityContext.readOnlyRootFilesystem=true; $cp_ctr.securityContext.capabilities.drop.0=ALL; !$cp_ctr.securityContext.capabilities.add; $cp_pod.serviceAccountName=istiod; !$cp_pod.priorityClassName; Service/istiod:spec.ports[name=https-dns].port=15012; Service/istiod:spec.ports[name=http-monitoring].port=15014; Service/istiod:spec.selector.app=istiod; ServiceAccount/istiod:automountServiceAccountToken=true; ClusterRole/istiod:rules.0.apiGroups.0=authentication.k8s.io; ClusterRole/istiod:rules.0.resources.0=tokenreviews; ClusterRole/istiod:rules.0.verbs.0=create; !ClusterRole/istiod:rules.0.verbs.1; ClusterRole/istiod:rules.3.resources.0=configmaps; !ClusterRole/istiod:rules.4; !ClusterRole/istiod:rules.3.verbs.6; ClusterRoleBinding/istiod:subjects[name=istiod].namespace=istio-system; !ConfigMap/istio-ca-root-cert"
+  "istiod-lite||Deployment/istiod:spec.replicas=1; Deployment/istiod:metadata.labels.app=istiod; Deployment/istiod:metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.labels.app=istiod; Deployment/istiod:spec.template.metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/scrape=true; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/port=15014; $cp_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0; $cp_ctr.command.0=istiod-lite; $cp_ctr.ports[name=tls-xds].containerPort=15012; $cp_ctr.ports[name=http-monitoring].containerPort=15014; $cp_ctr.ports[name=http-debug].containerPort=8080; $cp_ctr.readinessProbe.httpGet.path=/ready; $cp_ctr.readinessProbe.httpGet.port=8080; !$cp_env[name=POD_NAME]; $cp_env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $cp_env[name=TRUST_DOMAIN].value=cluster.local; $cp_env[name=CLUSTER_ID].value=Kubernetes; $cp_env[name=DOMAIN_SUFFIX].value=cluster.local; $cp_env[name=TOKEN_AUDIENCES].value=istio-ca; $cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=istio-system/ztunnel; $cp_env[name=MAX_WORKLOAD_CERT_TTL].value=2160h; $cp_env[name=DEFAULT_WORKLOAD_CERT_TTL].value=24h; $cp_env[name=CA_CERTS_DIR].value=/etc/cacerts; !$cp_env[name=ISTIOD_CUSTOM_HOST]; $cp_env[name=RUST_LOG].value=info; $cp_pod.volumes[name=cacerts].secret.secretName=cacerts; $cp_pod.volumes[name=cacerts].secret.defaultMode=288; $cp_ctr.volumeMounts[name=cacerts].mountPath=/etc/cacerts; $cp_ctr.volumeMounts[name=cacerts].readOnly=true; $cp_ctr.securityContext.runAsNonRoot=true; $cp_ctr.securityContext.readOnlyRootFilesystem=true; $cp_ctr.securityContext.capabilities.drop.0=ALL; !$cp_ctr.securityContext.capabilities.add; $cp_pod.serviceAccountName=istiod; !$cp_pod.priorityClassName; Service/istiod:spec.ports[name=https-dns].port=15012; Service/istiod:spec.ports[name=http-monitoring].port=15014; Service/istiod:spec.selector.app=istiod; ServiceAccount/istiod:automountServiceAccountToken=true; ClusterRole/istiod:rules.0.apiGroups.0=authentication.k8s.io; ClusterRole/istiod:rules.0.resources.0=tokenreviews; ClusterRole/istiod:rules.0.verbs.0=create; !ClusterRole/istiod:rules.0.verbs.1; $cp_role.1.resources.0=pods; $cp_role.2.resources.0=namespaces; $cp_role.3.resources.0=configmaps; !$cp_role.3.verbs.6; $cp_role.4.apiGroups.0=; $cp_role.4.resources.0=services; !$cp_role.4.resources.1; $cp_role.4.verbs.0=list; $cp_role.4.verbs.1=watch; !$cp_role.4.verbs.2; $cp_role.5.apiGroups.0=security.istio.io; !$cp_role.5.apiGroups.1; $cp_role.5.resources.0=authorizationpolicies; $cp_role.5.resources.1=peerauthentications; !$cp_role.5.resources.2; $cp_role.5.verbs.0=list; $cp_role.5.verbs.1=watch; !$cp_role.5.verbs.2; !$cp_role.6; ClusterRoleBinding/istiod:subjects[name=istiod].namespace=istio-system; !ConfigMap/istio-ca-root-cert"
   "istiod-lite|--set replicaCount=2|Deployment/istiod:spec.replicas=2"
   "istiod-lite|--set trustDomain=example.org --set clusterId=east --set domainSuffix=corp.example|$cp_env[name=TRUST_DOMAIN].value=example.org; $cp_env[name=CLUSTER_ID].value=east; $cp_env[name=DOMAIN_SUFFIX].value=corp.example"
   "istiod-lite|--set tokenAudiences={istio-ca,mesh.example.org}|$cp_env[name=TOKEN_AUDIENCES].value=istio-ca,mesh.example.org"
@@ -253,9 +259,11 @@ else
 fi
 
 # ---------------------------------------------------------------- 5. the charts fit together
-# ztunnel must reach istiod-lite's Service, carry a token istiod-lite accepts, run as
-# the account istiod-lite trusts for node impersonation, and agree on cluster and trust
-# domain; only istiod-lite may mount the CA Secret.
+# ztunnel must reach istiod-lite's Service (CA and xDS), carry a token istiod-lite
+# accepts and the downward-API node identity its xDS checks, run as the account
+# istiod-lite trusts for node impersonation and xDS, and agree on cluster and trust
+# domain; only istiod-lite may mount the CA Secret or read the Kubernetes API, and it
+# must be allowed to watch everything it turns into xDS.
 render ztunnel >"$work/pair-ztunnel.yaml"
 render istiod-lite >"$work/pair-istiod.yaml"
 if "$PYTHON" - "$work/pair-ztunnel.yaml" "$work/pair-istiod.yaml" >"$work/pair.log" <<'PY'; then
@@ -273,6 +281,8 @@ ds = zt["DaemonSet/ztunnel"]
 pod = ds["spec"]["template"]["spec"]
 proxy = next(c for c in pod["containers"] if c["name"] == "istio-proxy")
 zenv = {e["name"]: e.get("value") for e in proxy["env"]}
+zfields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+           for e in proxy["env"]}
 dep = cp["Deployment/istiod"]
 disc = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "discovery")
 cenv = {e["name"]: e.get("value") for e in disc["env"]}
@@ -284,6 +294,31 @@ if host != want_host:
     problems.append(f"CA_ADDRESS host {host} is not the Service {want_host}")
 if int(port) not in [p["port"] for p in svc["spec"]["ports"]]:
     problems.append(f"CA_ADDRESS port {port} is not a port of Service/istiod")
+if zenv.get("XDS_ADDRESS") != zenv["CA_ADDRESS"]:
+    problems.append(f"XDS_ADDRESS {zenv.get('XDS_ADDRESS')!r} is not CA_ADDRESS {zenv['CA_ADDRESS']!r}")
+if zenv.get("DISCOVERY_SOURCE") != "xds":
+    problems.append(f"DISCOVERY_SOURCE is {zenv.get('DISCOVERY_SOURCE')!r}, not xds")
+for name, field in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"),
+                    ("INSTANCE_IP", "status.podIP")):
+    if zfields.get(name) != field:
+        problems.append(f"ztunnel's {name} is not the downward API's {field} (xDS node id)")
+rbac_kinds = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+for ref in zt:
+    if ref.split("/")[0] in rbac_kinds:
+        problems.append(f"ztunnel's chart renders {ref}; ztunnel must not read the API")
+sa = zt.get(f"ServiceAccount/{pod['serviceAccountName']}") or {}
+if sa and sa.get("automountServiceAccountToken") is not False:
+    problems.append("ztunnel's ServiceAccount mounts an API token; ztunnel never calls the API")
+if pod.get("automountServiceAccountToken"):
+    problems.append("ztunnel's pod mounts an API token; ztunnel never calls the API")
+granted = {(g, r, v) for rule in cp["ClusterRole/istiod"]["rules"]
+           for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+for group, resource in (("", "pods"), ("", "services"), ("", "namespaces"),
+                        ("security.istio.io", "authorizationpolicies"),
+                        ("security.istio.io", "peerauthentications")):
+    for verb in ("list", "watch"):
+        if (group, resource, verb) not in granted:
+            problems.append(f"ClusterRole/istiod lacks {verb} on {group or 'core'}/{resource} (xDS)")
 tokens = [s["serviceAccountToken"] for v in pod["volumes"]
           for s in (v.get("projected") or {}).get("sources", []) if "serviceAccountToken" in s]
 audiences = cenv["TOKEN_AUDIENCES"].split(",")
@@ -334,7 +369,8 @@ bad=(
   "cni|--set updateStrategy.type=Recreate|/updateStrategy/type"
   "cni|--set pluginPeerUid=-1|/pluginPeerUid"
   "cni|--set ambient.ztunnelPeerUid=root|/ambient/ztunnelPeerUid"
-  "ztunnel|--set discovery.source=xds|/discovery/source"
+  "ztunnel|--set discovery.source=kubernetes|/discovery/source"
+  "ztunnel|--set discovery.source=both|/discovery/source"
   "ztunnel|--set crds.enabled=yes|/crds/enabled"
   "ztunnel|--set workloadCertTTL=1d|/workloadCertTTL"
   "ztunnel|--set trustDomain=spiffe://cluster.local|/trustDomain"

@@ -403,8 +403,8 @@ fn served_pods(c: &LocalCluster, i: u8) -> Option<usize> {
 
 #[test]
 fn a_restarted_ztunnel_serves_no_pod_before_it_knows_the_peers() {
-    // A ztunnel that served its pods before its first Kubernetes sync would not know
-    // that their peers take HBONE, and send their traffic in plaintext.
+    // A ztunnel that served its pods before its first xDS sync would not know that
+    // their peers take HBONE, and send their traffic in plaintext.
     if !e2e::can_run_root_tests() {
         return;
     }
@@ -424,10 +424,14 @@ fn a_restarted_ztunnel_serves_no_pod_before_it_knows_the_peers() {
     assert_eq!(served_pods(&c, 1), Some(1));
     let cap = capture(&c);
 
-    // node-1 loses the API server, then its ztunnel restarts: it cannot list anything.
-    let blocked = ApiBlock::start(&c, 1);
-    c.node_mut(1).stop_ztunnel();
-    c.node_mut(1).start_ztunnel().unwrap();
+    // node-1's ztunnel restarts claiming another namespace: istiod-lite refuses its
+    // xDS stream (the token's namespace is not the node's), while the CA still
+    // answers, so only the missing sync can keep the pod from being served.
+    let node = c.node_mut(1);
+    node.ztunnel_env
+        .push(("POD_NAMESPACE".into(), "elsewhere".into()));
+    node.stop_ztunnel();
+    node.start_ztunnel().unwrap();
     let s = stream(&c, "r", "a", &b, 20);
     wait_for("the new ztunnel's admin", T, || served_pods(&c, 1)).unwrap();
     std::thread::sleep(Duration::from_secs(3));
@@ -439,8 +443,11 @@ fn a_restarted_ztunnel_serves_no_pod_before_it_knows_the_peers() {
     );
     assert_eq!(counts(&s).0, 0, "an exchange succeeded without state");
 
-    // Back in touch: it syncs, then serves the pod, over HBONE.
-    drop(blocked);
+    // Restarted as itself: it syncs, then serves the pod, over HBONE.
+    let node = c.node_mut(1);
+    node.ztunnel_env.retain(|(k, _)| k != "POD_NAMESPACE");
+    node.stop_ztunnel();
+    node.start_ztunnel().unwrap();
     wait_for("the pod to be served after the sync", T, || {
         (served_pods(&c, 1) == Some(1)).then_some(())
     })
@@ -486,33 +493,43 @@ fn ping(c: &LocalCluster, ns: &str, from: &str, target: &str) -> anyhow::Result<
     )
 }
 
-/// Drops node `i`'s traffic with the API server (both ways, established connections
-/// included, so watches stall rather than fail); lifted when dropped.
-struct ApiBlock {
+/// Drops node `i`'s traffic with the control plane: the API server and istiod-lite
+/// (the CA and xDS), both ways, established connections included, so watches and the
+/// xDS stream stall rather than fail; lifted when dropped.
+struct ControlPlaneBlock {
     netns: String,
 }
 
-impl ApiBlock {
-    const RULES: [[&'static str; 9]; 2] = [
-        [
-            "INPUT", "-p", "tcp", "-s", "10.1.0.1", "--sport", "6443", "-j", "DROP",
-        ],
-        [
-            "OUTPUT", "-p", "tcp", "-d", "10.1.0.1", "--dport", "6443", "-j", "DROP",
-        ],
-    ];
+impl ControlPlaneBlock {
+    const PORTS: [&'static str; 2] = ["6443", "15012"];
+
+    fn rules() -> Vec<[&'static str; 9]> {
+        Self::PORTS
+            .iter()
+            .flat_map(|port| {
+                [
+                    [
+                        "INPUT", "-p", "tcp", "-s", "10.1.0.1", "--sport", port, "-j", "DROP",
+                    ],
+                    [
+                        "OUTPUT", "-p", "tcp", "-d", "10.1.0.1", "--dport", port, "-j", "DROP",
+                    ],
+                ]
+            })
+            .collect()
+    }
 
     fn start(c: &LocalCluster, i: u8) -> Self {
         assert_eq!(
-            e2e::cluster::API_ADDR,
-            "10.1.0.1:6443",
-            "RULES name the API server"
+            (e2e::cluster::API_ADDR, e2e::cluster::ISTIOD_ADDR),
+            ("10.1.0.1:6443", "10.1.0.1:15012"),
+            "the rules name the API server and istiod-lite"
         );
-        let block = ApiBlock {
+        let block = ControlPlaneBlock {
             netns: c.node(i).ns.name().to_owned(),
         };
-        for rule in Self::RULES {
-            assert!(block.iptables("-I", &rule), "blocking the API server");
+        for rule in Self::rules() {
+            assert!(block.iptables("-I", &rule), "blocking the control plane");
         }
         block
     }
@@ -526,9 +543,9 @@ impl ApiBlock {
     }
 }
 
-impl Drop for ApiBlock {
+impl Drop for ControlPlaneBlock {
     fn drop(&mut self) {
-        for rule in Self::RULES {
+        for rule in Self::rules() {
             self.iptables("-D", &rule);
         }
     }
@@ -650,14 +667,14 @@ fn under_strict_no_plaintext_connection_succeeds() {
     })
     .unwrap();
 
-    // The enrollment window, held open: node-1 stops hearing from the API server, so
+    // The enrollment window, held open: node-1 stops hearing from the control plane, so
     // its ztunnel does not learn about a new server pod on node-2, which is enrolled
     // there (node-2's agent and ztunnel serve it). The client on node-1 streams to it:
     // its ztunnel does not know the destination takes HBONE and sends plaintext, which
     // node-2's ztunnel must refuse. Then node-1 hears again and HBONE takes over.
     let cap = capture(&c);
     let refused_before = strict_refusals(&c, 2);
-    let api_blocked = ApiBlock::start(&c, 1);
+    let api_blocked = ControlPlaneBlock::start(&c, 1);
     c.create_pod(
         "s",
         "fresh",

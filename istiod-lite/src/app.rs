@@ -6,29 +6,57 @@ use std::time::UNIX_EPOCH;
 use anyhow::Context;
 use mesh_ca::CertificateAuthority;
 use shared_types::istio::ca::IstioCertificateServiceServer;
+use shared_types::istio::xds::AggregatedDiscoveryServiceServer;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::ca::authn::TokenAuthenticator;
-use crate::ca::authz::NodeAuthorizer;
+use crate::ca::authz::{node_accounts, NodeAuthorizer};
 use crate::ca::CaService;
 use crate::config::Config;
 use crate::kube::pods::{watch_pods, PodIndex};
 use crate::kube::root_publisher;
 use crate::metrics::Metrics;
+use crate::model;
 use crate::ops::{self, Ready};
 use crate::server::{self, ServingCert};
+use crate::xds::{self, AdsService, Connections, ResourceStore, XdsMetrics};
 
-/// Ready once the pod index has synced: before that, every impersonation would
-/// be refused for want of knowing the pods.
+/// Ready once the pod index and the model have synced: before that, every
+/// impersonation would be refused for want of knowing the pods, and ztunnels would
+/// be sent a partial mesh.
 struct Readiness {
     pods: PodIndex,
+    model: watch::Receiver<bool>,
 }
 
 impl Ready for Readiness {
     fn missing(&self) -> Option<String> {
-        (!self.pods.is_synced()).then(|| "the pod index has not synced yet".to_owned())
+        if !self.pods.is_synced() {
+            return Some("the pod index has not synced yet".to_owned());
+        }
+        (!*self.model.borrow()).then(|| "the model has not listed every kind yet".to_owned())
+    }
+}
+
+/// Keeps `pilot_xds_resources{type}` at the store's counts.
+async fn count_resources(store: ResourceStore, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let mut changes = store.subscribe();
+    loop {
+        for type_url in xds::TYPES {
+            let count = i64::try_from(store.len(type_url)).unwrap_or(i64::MAX);
+            metrics
+                .xds
+                .resources
+                .get_or_create(&XdsMetrics::type_label(type_url))
+                .set(count);
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = changes.changed() => if changed.is_err() { return },
+        }
     }
 }
 
@@ -62,29 +90,58 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ops::serve_metrics(config.monitoring_addr, metrics.clone(), shutdown.clone())
         .await
         .with_context(|| format!("binding the monitoring port {}", config.monitoring_addr))?;
-    let readiness = Arc::new(Readiness { pods: pods.clone() });
+    let resources = ResourceStore::default();
+    let model_synced = model::start(
+        client.clone(),
+        model::Options {
+            cluster_id: config.cluster_id.clone(),
+            trust_domain: config.trust_domain.clone(),
+            cluster_domain: config.domain_suffix.clone(),
+            root_namespace: config.namespace.clone(),
+        },
+        resources.clone(),
+        shutdown.clone(),
+    );
+    tokio::spawn(count_resources(
+        resources.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    let readiness = Arc::new(Readiness {
+        pods: pods.clone(),
+        model: model_synced,
+    });
     ops::serve_readiness(config.ready_addr, readiness, shutdown.clone())
         .await
         .with_context(|| format!("binding the readiness port {}", config.ready_addr))?;
 
+    let authn = Arc::new(TokenAuthenticator::new(
+        client.clone(),
+        config.token_audiences.clone(),
+        config.cluster_id.clone(),
+        config.trust_domain.clone(),
+        pods.clone(),
+    ));
+    let node_accounts = node_accounts(&config.trusted_node_accounts).map_err(anyhow::Error::msg)?;
     let service = CaService {
         ca: ca.clone(),
-        authn: TokenAuthenticator::new(
-            client.clone(),
-            config.token_audiences.clone(),
-            config.cluster_id.clone(),
+        authn: authn.clone(),
+        authz: NodeAuthorizer::new(
+            node_accounts.clone(),
             config.trust_domain.clone(),
             pods.clone(),
         ),
-        authz: NodeAuthorizer::new(
-            &config.trusted_node_accounts,
-            config.trust_domain.clone(),
-            pods.clone(),
-        )
-        .map_err(anyhow::Error::msg)?,
         default_ttl: config.default_cert_ttl,
         max_ttl: config.max_cert_ttl,
         metrics: metrics.clone(),
+    };
+    let ads = AdsService {
+        store: resources.clone(),
+        authn,
+        trusted: node_accounts,
+        debounce: config.debounce,
+        connections: Connections::default(),
+        metrics: metrics.xds.clone(),
     };
     let serving = ServingCert::start(
         ca.clone(),
@@ -97,12 +154,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", config.grpc_addr))?;
     let incoming = server::incoming(listener, server::tls_acceptor(serving)?, shutdown.clone());
-    info!(addr = %config.grpc_addr, trust_domain = %config.trust_domain, "istiod-lite serving the CA");
+    info!(addr = %config.grpc_addr, trust_domain = %config.trust_domain, "istiod-lite serving the CA and xDS");
 
     let grpc = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_service(IstioCertificateServiceServer::new(Arc::new(service)))
+        .add_service(AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(1 << 20))
         .serve_with_incoming_shutdown(incoming, {
             let shutdown = shutdown.clone();
             async move { shutdown.cancelled().await }

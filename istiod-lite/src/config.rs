@@ -52,7 +52,10 @@ pub struct Config {
     /// Lifetime of istiod's own serving certificate; renewed at half-life.
     #[arg(long, env = "ISTIOD_SERVING_CERT_TTL", default_value = "24h", value_parser = parse_duration)]
     pub serving_cert_ttl: Duration,
-    /// The gRPC-over-TLS listener (CA; later xDS).
+    /// A burst of changes within this window is one xDS push per proxy (Istio's name).
+    #[arg(long, env = "PILOT_DEBOUNCE_AFTER", default_value = "100ms", value_parser = parse_duration)]
+    pub debounce: Duration,
+    /// The gRPC-over-TLS listener: the CA and xDS.
     #[arg(long, env = "GRPC_ADDR", default_value = "0.0.0.0:15012")]
     pub grpc_addr: SocketAddr,
     /// Prometheus metrics (`/metrics`), as istiod's monitoring port.

@@ -10,6 +10,7 @@ pub mod ca;
 pub mod config;
 pub mod kube;
 pub mod metrics;
+pub mod model;
 pub mod ops;
 pub mod server;
 pub mod xds;

@@ -12,7 +12,7 @@ use crate::admin::Admin;
 use crate::config::{Config, DiscoverySource, ProxyMode, DEFAULT_AUTH_TOKEN};
 use crate::control_plane::{ControlPlaneConfig, TokenSource};
 use crate::discovery::local::watch_local_file;
-use crate::discovery::{kubernetes, xds, FirstSync};
+use crate::discovery::{xds, FirstSync};
 use crate::dns::DnsProxy;
 use crate::drain::Drain;
 use crate::http;
@@ -56,21 +56,17 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
     )
     .await?;
 
-    let discovery = config.discovery();
-    // The source that fills the store in the background, if any: pods wait for it.
-    let remote = if discovery == DiscoverySource::Xds {
-        Some(start_xds_discovery(
+    // xDS fills the store in the background: pods wait for its first sync.
+    let from_xds = match config.discovery() {
+        DiscoverySource::Xds => Some(start_xds_discovery(
             &config, &state, &metrics, &readiness, &shutdown,
-        )?)
-    } else if discovery.uses_kubernetes() {
-        Some(start_kubernetes_discovery(&config, &state, &readiness, &shutdown).await?)
-    } else {
-        None
+        )?),
+        DiscoverySource::Local => None,
     };
     if let Some(path) = config
         .local_xds_path
         .as_ref()
-        .filter(|_| discovery.uses_local())
+        .filter(|_| from_xds.is_none())
     {
         watch_local_file(
             path.clone(),
@@ -166,11 +162,11 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 shutdown.clone(),
             );
             tokio::spawn(async move {
-                // No pod is served before the first xDS or Kubernetes sync: until
-                // then its proxy would not know which peers take HBONE and would send
-                // their traffic as plaintext (a window at every ztunnel restart).
-                if let Some(remote) = remote {
-                    if !remote.wait_synced().await {
+                // No pod is served before the first xDS sync: until then its proxy
+                // would not know which peers take HBONE and would send their traffic
+                // as plaintext (a window at every ztunnel restart).
+                if let Some(xds) = from_xds {
+                    if !xds.wait_synced().await {
                         return;
                     }
                 }
@@ -275,38 +271,6 @@ fn start_xds_discovery(
     .context("configuring the xDS client")?;
     info!(address = %config.xds_address, "workloads, services and policies come from istiod over xDS");
     Ok(synced)
-}
-
-/// Kubernetes discovery (DISCOVERY_SOURCE=kubernetes|both). Readiness waits for its
-/// first complete sync; an unreachable API server is retried, not fatal.
-async fn start_kubernetes_discovery(
-    config: &Config,
-    state: &StateStore,
-    readiness: &Readiness,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<FirstSync> {
-    match (config.discovery(), &config.local_xds_path) {
-        (DiscoverySource::Both, None) => {
-            anyhow::bail!("DISCOVERY_SOURCE=both needs LOCAL_XDS_PATH")
-        }
-        (DiscoverySource::Kubernetes, Some(path)) => {
-            warn!(path = %path.display(), "DISCOVERY_SOURCE=kubernetes: ignoring LOCAL_XDS_PATH (use `both` to merge it)")
-        }
-        _ => {}
-    }
-    let client = kubernetes::infer_client()
-        .await
-        .context("Kubernetes discovery needs API access (or set DISCOVERY_SOURCE=local)")?;
-    let opts = kubernetes::Options {
-        cluster_id: config.cluster_id.clone(),
-        trust_domain: config.trust_domain.clone(),
-        cluster_domain: config.cluster_domain.clone(),
-        root_namespace: config.root_namespace.clone(),
-    };
-    let ready = readiness.register("kubernetes discovery");
-    let discovery = kubernetes::start(client, opts, state.clone(), Some(ready), shutdown.clone());
-    info!("kubernetes discovery started: watching namespaces, pods, services, authorizationpolicies and peerauthentications");
-    Ok(discovery)
 }
 
 /// istiod (CA_ADDRESS) in a cluster; the CA files (CA_CERTS_DIR) on a VM without

@@ -30,24 +30,10 @@ pub enum ProxyMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DiscoverySource {
-    /// Only the LOCAL_XDS_PATH file (if set).
+    /// Only the LOCAL_XDS_PATH file (if set): a VM without a control plane.
     Local,
-    /// Only the Kubernetes API server; LOCAL_XDS_PATH is ignored.
-    Kubernetes,
-    /// The API server plus LOCAL_XDS_PATH (required); file entries win on key collisions.
-    Both,
     /// istiod over delta xDS (XDS_ADDRESS, required); LOCAL_XDS_PATH is ignored.
     Xds,
-}
-
-impl DiscoverySource {
-    pub fn uses_kubernetes(self) -> bool {
-        matches!(self, DiscoverySource::Kubernetes | DiscoverySource::Both)
-    }
-
-    pub fn uses_local(self) -> bool {
-        matches!(self, DiscoverySource::Local | DiscoverySource::Both)
-    }
 }
 
 /// `PROXY_WORKLOAD_INFO=<namespace>/<name>/<service account>`.
@@ -86,8 +72,7 @@ pub struct Config {
     #[arg(long, env = "PROXY_WORKLOAD_INFO")]
     pub proxy_workload_info: Option<WorkloadInfo>,
     /// istiod's delta xDS, e.g. `istiod.istio-system.svc:15012`: workloads, services
-    /// and policies come from it. Empty: from LOCAL_XDS_PATH (and, in shared mode, from
-    /// the Kubernetes API).
+    /// and policies come from it. Empty: from LOCAL_XDS_PATH.
     #[arg(long, env = "XDS_ADDRESS", default_value = "")]
     pub xds_address: String,
     /// The root istiod's serving certificate chains to, for XDS_ADDRESS.
@@ -127,9 +112,7 @@ pub struct Config {
     /// Istio ztunnel local config (YAML: workloads, services, policies). Reloaded on change.
     #[arg(long, env = "LOCAL_XDS_PATH")]
     pub local_xds_path: Option<PathBuf>,
-    /// local | kubernetes | both. Unset: `kubernetes` when PROXY_MODE=shared and
-    /// LOCAL_XDS_PATH is unset, otherwise `local` (see [`Config::discovery`]). The API
-    /// is reached via KUBECONFIG / ~/.kube/config, else the in-cluster service account.
+    /// xds | local. Unset: `xds` when XDS_ADDRESS is set, else `local`.
     #[arg(long, env = "DISCOVERY_SOURCE", value_enum)]
     pub discovery_source: Option<DiscoverySource>,
     /// Cluster DNS domain: Kubernetes services are `<name>.<namespace>.svc.<domain>`.
@@ -205,22 +188,15 @@ fn parse_istio_bool(s: &str) -> Result<bool, String> {
 }
 
 impl Config {
-    /// The effective discovery source: `DISCOVERY_SOURCE` if set; otherwise xDS when
-    /// XDS_ADDRESS is set, else a node proxy (shared mode) without LOCAL_XDS_PATH reads
-    /// Kubernetes, and everything else (a dedicated ztunnel, or one given a local
-    /// file) stays local-only.
+    /// The effective discovery source: `DISCOVERY_SOURCE` if set, else xDS when
+    /// XDS_ADDRESS is set, else the local file.
     pub fn discovery(&self) -> DiscoverySource {
-        self.discovery_source.unwrap_or(
-            match (
-                self.xds_address.is_empty(),
-                self.proxy_mode,
-                &self.local_xds_path,
-            ) {
-                (false, _, _) => DiscoverySource::Xds,
-                (true, ProxyMode::Shared, None) => DiscoverySource::Kubernetes,
-                _ => DiscoverySource::Local,
-            },
-        )
+        self.discovery_source
+            .unwrap_or(if self.xds_address.is_empty() {
+                DiscoverySource::Local
+            } else {
+                DiscoverySource::Xds
+            })
     }
 }
 
@@ -248,33 +224,15 @@ mod tests {
         }
         // Fields are set explicitly so DISCOVERY_SOURCE etc. in the test's env cannot leak in.
         let mut c = Cli::try_parse_from(["ztunnel"]).unwrap().config;
-        let mut with = |mode, local: Option<&str>, source| {
-            c.proxy_mode = mode;
-            c.local_xds_path = local.map(PathBuf::from);
+        let mut with = |xds: &str, source| {
+            c.xds_address = xds.into();
             c.discovery_source = source;
             c.discovery()
         };
         use DiscoverySource::*;
-        assert_eq!(with(ProxyMode::Shared, None, None), Kubernetes);
-        assert_eq!(with(ProxyMode::Shared, Some("/x"), None), Local);
-        assert_eq!(with(ProxyMode::Dedicated, None, None), Local);
-        assert_eq!(
-            with(ProxyMode::Dedicated, None, Some(Kubernetes)),
-            Kubernetes
-        );
-        assert!(Both.uses_kubernetes() && Both.uses_local());
-        assert!(!Local.uses_kubernetes() && !Kubernetes.uses_local());
-        assert!(!Xds.uses_kubernetes() && !Xds.uses_local());
-
-        c.xds_address = "istiod.istio-system.svc:15012".into();
-        let mut with = |mode, local: Option<&str>, source| {
-            c.proxy_mode = mode;
-            c.local_xds_path = local.map(PathBuf::from);
-            c.discovery_source = source;
-            c.discovery()
-        };
-        assert_eq!(with(ProxyMode::Shared, None, None), Xds);
-        assert_eq!(with(ProxyMode::Dedicated, Some("/x"), None), Xds);
-        assert_eq!(with(ProxyMode::Shared, None, Some(Kubernetes)), Kubernetes);
+        assert_eq!(with("", None), Local);
+        assert_eq!(with("istiod.istio-system.svc:15012", None), Xds);
+        assert_eq!(with("istiod.istio-system.svc:15012", Some(Local)), Local);
+        assert!(Cli::try_parse_from(["ztunnel", "--discovery-source", "kubernetes"]).is_err());
     }
 }

@@ -12,7 +12,7 @@ use rustls::pki_types::PrivateKeyDer;
 use shared_types::istio::security as pb_sec;
 use shared_types::istio::workload as pb;
 use shared_types::istio::xds::{
-    string_field, AggregatedDiscoveryService, AggregatedDiscoveryServiceServer, Any,
+    self as wire, string_field, AggregatedDiscoveryService, AggregatedDiscoveryServiceServer, Any,
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
     ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
@@ -228,15 +228,11 @@ fn deny_policy(name: &str, version: &str) -> Resource {
 }
 
 fn resource(name: &str, version: &str, type_url: &str, value: Vec<u8>) -> Resource {
-    Resource {
-        name: name.into(),
-        version: version.into(),
-        resource: Some(Any {
-            type_url: type_url.into(),
-            value,
-        }),
-        ..Default::default()
-    }
+    let body = Any {
+        type_url: type_url.into(),
+        value,
+    };
+    wire::resource(name, version, body)
 }
 
 fn response(

@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 
 pub use api::Api;
 use apiserver_proc::ControlPlane;
-pub use apiserver_proc::API_ADDR;
+pub use apiserver_proc::{API_ADDR, ISTIOD_ADDR};
 use kubelet::{Kubelet, NodeInfo, PodHandle};
 pub use node::Node;
 

@@ -176,8 +176,9 @@ impl Node {
         Ok(())
     }
 
-    /// Starts the node's ztunnel (shared mode, Kubernetes discovery, certificates
-    /// from istiod-lite: no CA key on the node). It does not wait
+    /// Starts the node's ztunnel (shared mode; workloads, services and policies over
+    /// xDS and certificates from istiod-lite: no CA key and no API access on the
+    /// node), as the pod `ztunnel-<node>` its token is bound to. It does not wait
     /// for readiness: that needs the agent's ZDS snapshot (see [`Node::ztunnel_ready`]).
     pub fn start_ztunnel(&mut self) -> Result<()> {
         if let Some(mut old) = self.ztunnel.take() {
@@ -187,9 +188,12 @@ impl Node {
             .ns
             .command(binary("ztunnel")?.to_str().context("path")?);
         cmd.env("PROXY_MODE", "shared")
-            .env("DISCOVERY_SOURCE", "kubernetes")
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("XDS_ADDRESS", "")
+            .env("XDS_ADDRESS", ISTIOD_ADDR)
+            .env("ALT_XDS_HOSTNAME", ISTIOD_HOST)
+            .env("XDS_ROOT_CA", self.root_cert_path())
+            .env("POD_NAME", format!("ztunnel-{}", self.name))
+            .env("POD_NAMESPACE", super::SYSTEM_NAMESPACE)
+            .env("INSTANCE_IP", self.ip())
             .env("CA_ADDRESS", ISTIOD_ADDR)
             .env("ALT_CA_HOSTNAME", ISTIOD_HOST)
             .env("CA_ROOT_CA", self.root_cert_path())

@@ -40,6 +40,24 @@ impl AuthzError {
     }
 }
 
+/// `CA_TRUSTED_NODE_ACCOUNTS`: `namespace/name` entries, as (namespace, name);
+/// malformed ones are refused up front.
+pub fn node_accounts(trusted: &[String]) -> Result<HashSet<(String, String)>, String> {
+    trusted
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(|s| match s.split_once('/') {
+            Some((ns, sa)) if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') => {
+                Ok((ns.to_owned(), sa.to_owned()))
+            }
+            _ => Err(format!(
+                "CA_TRUSTED_NODE_ACCOUNTS: {s:?} is not <namespace>/<service-account>"
+            )),
+        })
+        .collect()
+}
+
 pub struct NodeAuthorizer {
     /// (namespace, service account)
     trusted: HashSet<(String, String)>,
@@ -48,26 +66,12 @@ pub struct NodeAuthorizer {
 }
 
 impl NodeAuthorizer {
-    /// `trusted` holds `namespace/name` entries; malformed ones are refused up front.
-    pub fn new(trusted: &[String], trust_domain: String, pods: PodIndex) -> Result<Self, String> {
-        let trusted = trusted
-            .iter()
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty())
-            .map(|s| match s.split_once('/') {
-                Some((ns, sa)) if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') => {
-                    Ok((ns.to_owned(), sa.to_owned()))
-                }
-                _ => Err(format!(
-                    "CA_TRUSTED_NODE_ACCOUNTS: {s:?} is not <namespace>/<service-account>"
-                )),
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(NodeAuthorizer {
+    pub fn new(trusted: HashSet<(String, String)>, trust_domain: String, pods: PodIndex) -> Self {
+        NodeAuthorizer {
             trusted,
             trust_domain,
             pods,
-        })
+        }
     }
 
     /// The identity to issue for, if `caller` may have `requested`.
@@ -128,11 +132,10 @@ mod tests {
             pod("app", "server", "s1", "server", "n2"),
         ]);
         NodeAuthorizer::new(
-            &["istio-system/ztunnel".into()],
+            node_accounts(&["istio-system/ztunnel".into()]).unwrap(),
             "cluster.local".into(),
             pods,
         )
-        .unwrap()
     }
 
     fn caller(ns: &str, sa: &str, pod: Option<(&str, &str)>) -> Caller {
@@ -201,14 +204,16 @@ mod tests {
 
     #[test]
     fn empty_trust_list_refuses_all_and_bad_entries_are_errors() {
-        let none = NodeAuthorizer::new(&[], "cluster.local".into(), PodIndex::default()).unwrap();
+        let none = NodeAuthorizer::new(
+            node_accounts(&[]).unwrap(),
+            "cluster.local".into(),
+            PodIndex::default(),
+        );
         let z1 = caller("istio-system", "ztunnel", Some(("ztunnel-1", "z1")));
         assert_eq!(
             none.authorize(&z1, CLIENT).unwrap_err().reason(),
             "untrusted_caller"
         );
-        assert!(
-            NodeAuthorizer::new(&["ztunnel".into()], "td".into(), PodIndex::default()).is_err()
-        );
+        assert!(node_accounts(&["ztunnel".into()]).is_err());
     }
 }

@@ -18,7 +18,7 @@ use authz::NodeAuthorizer;
 
 pub struct CaService {
     pub ca: Arc<CertificateAuthority>,
-    pub authn: TokenAuthenticator,
+    pub authn: Arc<TokenAuthenticator>,
     pub authz: NodeAuthorizer,
     pub default_ttl: Duration,
     pub max_ttl: Duration,

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared_types::istio::xds::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use shared_types::istio::xds::{resource, DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
@@ -226,12 +226,7 @@ impl Connection {
                 Some(entry) => {
                     if sub.held.get(name) != Some(&entry.version) {
                         sub.held.insert(name.to_owned(), entry.version.clone());
-                        resources.push(Resource {
-                            name: name.to_owned(),
-                            version: entry.version.clone(),
-                            resource: Some(entry.body.clone()),
-                            ..Default::default()
-                        });
+                        resources.push(resource(name, &entry.version, entry.body.clone()));
                     }
                 }
                 None => {

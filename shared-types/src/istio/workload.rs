@@ -147,8 +147,9 @@ pub struct Workload {
     #[prost(message, optional, tag = "23")]
     pub application_tunnel: Option<ApplicationTunnel>,
     /// `"namespace/hostname"` of each service the workload backs, with its ports.
-    #[prost(map = "string, message", tag = "22")]
-    pub services: std::collections::HashMap<String, PortList>,
+    /// Ordered, so equal workloads encode to equal bytes (versions are digests).
+    #[prost(btree_map = "string, message", tag = "22")]
+    pub services: std::collections::BTreeMap<String, PortList>,
     /// Selector-based policies only (`namespace/name`); namespace and mesh-wide ones
     /// apply by their scope.
     #[prost(string, repeated, tag = "16")]

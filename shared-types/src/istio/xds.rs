@@ -56,3 +56,13 @@ pub fn string_field<'a>(metadata: &'a Struct, key: &str) -> Option<&'a str> {
         _ => None,
     }
 }
+
+/// A named, versioned resource of a delta response.
+pub fn resource(name: impl Into<String>, version: impl Into<String>, body: Any) -> Resource {
+    Resource {
+        name: name.into(),
+        version: version.into(),
+        resource: Some(body),
+        ..Default::default()
+    }
+}

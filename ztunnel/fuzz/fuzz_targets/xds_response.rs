@@ -12,7 +12,7 @@
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use shared_types::istio::xds::{
-    Any, DeltaDiscoveryResponse, Resource, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
+    resource, Any, DeltaDiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
 use ztunnel::discovery::xds::Resources;
 
@@ -20,15 +20,14 @@ fn one_resource(type_url: &str, body: &[u8]) -> DeltaDiscoveryResponse {
     DeltaDiscoveryResponse {
         type_url: type_url.into(),
         nonce: "1".into(),
-        resources: vec![Resource {
-            name: "r".into(),
-            version: "fuzz".into(),
-            resource: Some(Any {
+        resources: vec![resource(
+            "r",
+            "fuzz",
+            Any {
                 type_url: type_url.into(),
                 value: body.to_vec(),
-            }),
-            ..Default::default()
-        }],
+            },
+        )],
         ..Default::default()
     }
 }

@@ -19,9 +19,9 @@ use tracing::{debug, info, warn};
 
 use super::local_fields::unknown_fields;
 use super::waypoints::{self, WaypointWarnings};
-use crate::state::serde_util::null_as_default;
 use crate::state::service::NamespacedHostname;
 use crate::state::{Authorization, ProxyState, Service, StateStore, Workload};
+use mesh_model::serde_util::null_as_default;
 
 /// Name of this source in the [`StateStore`].
 pub const SOURCE: &str = "local";
@@ -139,13 +139,6 @@ fn validate(cfg: &LocalConfig) -> Result<(), DiscoveryError> {
     Ok(())
 }
 
-fn bound_to_waypoints(state: &ProxyState) -> std::collections::BTreeMap<String, String> {
-    waypoints::bound(
-        state.workloads().map(|w| w.as_ref()),
-        state.services().map(|s| s.as_ref()),
-    )
-}
-
 fn display_name<'a>(name: &'a str, fallback: &'a str) -> &'a str {
     if name.is_empty() {
         fallback
@@ -184,7 +177,7 @@ pub async fn watch_local_file(
     let (w, s, p) = state.counts();
     info!(path = %path.display(), workloads = w, services = s, policies = p, "local config loaded");
     let mut waypoints = WaypointWarnings::default();
-    waypoints.report(SOURCE, bound_to_waypoints(&state));
+    waypoints.report(SOURCE, waypoints::bound_in(&state));
     store.replace_source(SOURCE, state);
 
     let (tx, rx) = mpsc::unbounded_channel();
@@ -314,7 +307,7 @@ impl Reloader {
         match result {
             Ok(state) => {
                 let (w, s, p) = state.counts();
-                self.waypoints.report(SOURCE, bound_to_waypoints(&state));
+                self.waypoints.report(SOURCE, waypoints::bound_in(&state));
                 self.store.replace_source(SOURCE, state);
                 self.reloads.inc();
                 info!(

@@ -3,9 +3,8 @@
 //! Every source builds a complete [`crate::state::ProxyState`] and hands it to the
 //! [`crate::state::StateStore`] under its own name, so sources never see each other's
 //! data. `local` reads Istio's `LOCAL_XDS_PATH` file; `xds` is a delta xDS client of
-//! istiod (`XDS_ADDRESS`); `kubernetes` watches the API server.
+//! istiod (`XDS_ADDRESS`).
 
-pub mod kubernetes;
 pub mod local;
 mod local_fields;
 pub mod waypoints;

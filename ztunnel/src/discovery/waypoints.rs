@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use tracing::warn;
 
 use crate::state::workload::GatewayAddress;
-use crate::state::{Service, Workload};
+use crate::state::{ProxyState, Service, Workload};
 
 /// `"workload ns/name"` / `"service ns/hostname"` -> the waypoint it names, for every
 /// waypoint-bound resource.
@@ -29,6 +29,14 @@ pub fn bound<'a>(
         }
     }
     out
+}
+
+/// [`bound`] over everything a source holds.
+pub fn bound_in(state: &ProxyState) -> BTreeMap<String, String> {
+    bound(
+        state.workloads().map(|w| w.as_ref()),
+        state.services().map(|s| s.as_ref()),
+    )
 }
 
 /// Warns once per waypoint-bound resource of one source (again only if it names

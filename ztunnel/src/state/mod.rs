@@ -5,11 +5,7 @@
 //! snapshot and swaps it in atomically. Readers (every connection) clone an `Arc` under a
 //! short read lock and never wait for a rebuild.
 
-pub mod policy;
-pub(crate) mod serde_util;
-pub mod service;
 mod snapshot;
-pub mod workload;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -17,13 +13,14 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 
-pub use policy::{
-    Action, Authorization, ConnectionAttrs, Denied, RbacMatch, Scope, ServiceAccountMatch,
-    StringMatch,
+// The types live in `mesh-model` (istiod-lite builds them too); the state is ztunnel's.
+pub use mesh_model::{policy, service, workload};
+pub use mesh_model::{
+    Action, Authorization, ConnectionAttrs, Denied, HealthStatus, NamespacedHostname,
+    NetworkAddress, Protocol, RbacMatch, Scope, Service, ServiceAccountMatch, StringMatch,
+    Workload,
 };
-pub use service::{NamespacedHostname, NetworkAddress, Service};
 pub use snapshot::ProxyState;
-pub use workload::{HealthStatus, Protocol, Workload};
 
 /// Cheap-to-clone handle on the current merged state.
 #[derive(Clone)]

@@ -28,17 +28,18 @@ app: {{ include "ztunnel.name" . }}
 {{ .Values.image.hub }}/{{ .Values.image.name }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
-{{/* "true" when ztunnel reads the Kubernetes API. */}}
-{{- define "ztunnel.usesKubernetes" -}}
-{{- if has .Values.discovery.source (list "kubernetes" "both") }}true{{ end }}
-{{- end }}
-
-{{/* "true" when ztunnel reads the local config file. */}}
+{{/* "true" when ztunnel reads the local config file (discovery.source local). */}}
 {{- define "ztunnel.usesLocal" -}}
-{{- if has .Values.discovery.source (list "local" "both") }}true{{ end }}
+{{- if eq .Values.discovery.source "local" }}true{{ end }}
 {{- end }}
 
 {{/* CA_ADDRESS: caAddress, else istiod-lite's Service (Istio's default host). */}}
 {{- define "ztunnel.caAddress" -}}
 {{- .Values.caAddress | default (printf "istiod.%s.svc:15012" (.Values.istioNamespace | default .Release.Namespace)) }}
+{{- end }}
+
+{{/* XDS_ADDRESS: istiod-lite's delta xDS, the same address as the CA (Istio's ztunnel
+     too); empty for discovery.source local (no control plane for configuration). */}}
+{{- define "ztunnel.xdsAddress" -}}
+{{- if eq .Values.discovery.source "xds" }}{{ include "ztunnel.caAddress" . }}{{ end }}
 {{- end }}

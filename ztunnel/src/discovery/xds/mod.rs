@@ -9,7 +9,6 @@
 //! the stream is down; a reconnect names every held resource with its version
 //! (`initial_resource_versions`) so istiod sends only what changed meanwhile.
 
-pub mod convert;
 pub mod metrics;
 mod resources;
 mod stream;

@@ -9,8 +9,8 @@ use shared_types::istio::security::{self, AUTHORIZATION_TYPE_URL};
 use shared_types::istio::workload::{self, ADDRESS_TYPE_URL};
 use shared_types::istio::xds::{DeltaDiscoveryResponse, Resource};
 
-use super::convert::{self, Converted};
 use crate::state::ProxyState;
+use mesh_model::xds::{self as convert, Converted};
 
 /// The types ztunnel subscribes to, in the order it asks for them.
 pub const TYPES: [&str; 2] = [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL];

@@ -1,7 +1,7 @@
 use prost::Message;
 use shared_types::istio::security as pb_sec;
 use shared_types::istio::workload as pb;
-use shared_types::istio::xds::{Any, DeltaDiscoveryResponse, Resource};
+use shared_types::istio::xds::{self, Any, DeltaDiscoveryResponse, Resource};
 
 use super::*;
 
@@ -19,15 +19,11 @@ fn workload_resource(name: &str, ip: [u8; 4], version: &str) -> Resource {
 }
 
 fn resource(name: &str, version: &str, type_url: &str, value: Vec<u8>) -> Resource {
-    Resource {
-        name: name.into(),
-        version: version.into(),
-        resource: Some(Any {
-            type_url: type_url.into(),
-            value,
-        }),
-        ..Default::default()
-    }
+    let body = Any {
+        type_url: type_url.into(),
+        value,
+    };
+    xds::resource(name, version, body)
 }
 
 fn response(type_url: &str, resources: Vec<Resource>, removed: &[&str]) -> DeltaDiscoveryResponse {

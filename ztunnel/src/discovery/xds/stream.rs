@@ -18,6 +18,7 @@ use super::metrics::{TerminationLabels, XdsMetrics};
 use super::resources::{Resources, TYPES};
 use super::SOURCE;
 use crate::control_plane::ControlPlane;
+use crate::discovery::waypoints::{self, WaypointWarnings};
 use crate::readiness::BlockReady;
 use crate::state::StateStore;
 
@@ -51,12 +52,13 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let mut resources = Resources::default();
+    let mut waypoints = WaypointWarnings::default();
     let mut ready = ready;
     let mut backoff = BACKOFF_MIN;
     loop {
         let ended = tokio::select! {
             _ = cancel.cancelled() => break,
-            ended = client.session(&mut resources, &mut ready, &synced) => ended,
+            ended = client.session(&mut resources, &mut waypoints, &mut ready, &synced) => ended,
         };
         let (reason, got_responses) = match &ended {
             Ended::NotOpened(error) => {
@@ -93,6 +95,7 @@ impl Client {
     async fn session(
         &self,
         resources: &mut Resources,
+        waypoints: &mut WaypointWarnings,
         ready: &mut Option<BlockReady>,
         synced: &watch::Sender<bool>,
     ) -> Ended {
@@ -153,6 +156,7 @@ impl Client {
 
             let errors = resources.apply(response);
             self.state.replace_source(SOURCE, resources.state().clone());
+            waypoints.report(SOURCE, waypoints::bound_in(resources.state()));
             let error_detail = (!errors.is_empty()).then(|| {
                 let message = errors
                     .iter()

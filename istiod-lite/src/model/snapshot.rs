@@ -1,9 +1,9 @@
-//! Builds the "kubernetes" [`ProxyState`] from the watched objects.
+//! Builds the xDS resources from the watched objects.
 //!
 //! Each rebuild converts everything from the reflector stores (cheap next to an API
 //! round trip, and it cannot drift from the stores the way incremental updates can),
-//! then publishes only when the result differs from the last one, so pod status noise
-//! does not make proxies re-check live connections.
+//! then hands the complete sets to the [`ResourceStore`], which keeps the version of
+//! every resource whose bytes did not change: pod status noise reaches no proxy.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -12,14 +12,17 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service as KubeService};
 use kube::core::DynamicObject;
 use kube::runtime::reflector::Store;
 use kube::ResourceExt;
+use prost::Message;
+use shared_types::istio::xds::{Any, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use tracing::{debug, info, warn};
 
 use super::convert::{self, NamespaceLabels, ServiceInfo};
 use super::peer_authn::{self, Effective, PeerAuthentications};
 use super::policy::{self, ConvertedPolicy};
-use super::{Options, SOURCE};
-use crate::discovery::waypoints::{self, WaypointWarnings};
-use crate::state::{Authorization, ProxyState, Service, StateStore, Workload};
+use super::Options;
+use crate::xds::store::ResourceStore;
+use mesh_model::xds::{encode_authorization, encode_service, encode_workload};
+use mesh_model::{Authorization, Service, Workload};
 
 /// The reflector stores a rebuild reads.
 #[derive(Clone)]
@@ -41,18 +44,37 @@ pub struct Built {
 }
 
 impl Built {
-    pub fn to_state(&self) -> ProxyState {
-        let mut state = ProxyState::new();
-        for w in &self.workloads {
-            state.insert_workload(w.clone());
-        }
-        for s in &self.services {
-            state.insert_service(s.clone());
-        }
-        for p in &self.policies {
-            state.insert_policy(p.clone());
-        }
-        state
+    /// Publishes every resource under Istio's names: a workload by uid, a service by
+    /// `namespace/hostname`, a policy by `namespace/name`.
+    pub fn publish(&self, store: &ResourceStore) {
+        let address = |value: Vec<u8>| Any {
+            type_url: ADDRESS_TYPE_URL.into(),
+            value,
+        };
+        let addresses = self
+            .workloads
+            .iter()
+            .map(|w| (w.uid.clone(), address(encode_workload(w).encode_to_vec())))
+            .chain(
+                self.services
+                    .iter()
+                    .map(|s| (s.key(), address(encode_service(s).encode_to_vec()))),
+            )
+            .collect();
+        let policies = self
+            .policies
+            .iter()
+            .map(|p| {
+                let body = Any {
+                    type_url: AUTHORIZATION_TYPE_URL.into(),
+                    value: encode_authorization(p).encode_to_vec(),
+                };
+                (p.key(), body)
+            })
+            .collect();
+        // Policies first: a workload never names a policy the proxies do not have.
+        store.replace_all(AUTHORIZATION_TYPE_URL, policies);
+        store.replace_all(ADDRESS_TYPE_URL, addresses);
     }
 }
 
@@ -141,26 +163,23 @@ pub fn build(
 pub struct Rebuilder {
     stores: Stores,
     opts: Options,
-    state: StateStore,
+    store: ResourceStore,
     last: Option<Built>,
     /// `namespace/name@resourceVersion` of policies whose problems were logged.
     logged: HashSet<String>,
     /// The same for PeerAuthentications.
     logged_peer_authns: HashSet<String>,
-    /// Waypoint-bound workloads and services already warned about.
-    waypoints: WaypointWarnings,
 }
 
 impl Rebuilder {
-    pub fn new(stores: Stores, opts: Options, state: StateStore) -> Self {
+    pub fn new(stores: Stores, opts: Options, store: ResourceStore) -> Self {
         Rebuilder {
             stores,
             opts,
-            state,
+            store,
             last: None,
             logged: HashSet::new(),
             logged_peer_authns: HashSet::new(),
-            waypoints: WaypointWarnings::default(),
         }
     }
 
@@ -186,28 +205,21 @@ impl Rebuilder {
         if self.last.as_ref() == Some(&built) {
             return false;
         }
-        self.waypoints
-            .report(SOURCE, waypoints::bound(&built.workloads, &built.services));
         let (w, s, p) = (
             built.workloads.len(),
             built.services.len(),
             built.policies.len(),
         );
-        self.state.replace_source(SOURCE, built.to_state());
+        built.publish(&self.store);
         if self.last.is_none() {
             info!(
                 workloads = w,
                 services = s,
                 policies = p,
-                "kubernetes discovery synced"
+                "model synced: every kind listed"
             );
         } else {
-            debug!(
-                workloads = w,
-                services = s,
-                policies = p,
-                "kubernetes state updated"
-            );
+            debug!(workloads = w, services = s, policies = p, "model updated");
         }
         self.last = Some(built);
         true
@@ -273,5 +285,32 @@ impl Rebuilder {
         }
         self.logged_peer_authns = seen;
         PeerAuthentications::new(out, &self.opts.root_namespace)
+    }
+}
+
+#[cfg(test)]
+impl Built {
+    /// What a ztunnel sent these resources holds: each published and encoded as on
+    /// the wire, then applied by ztunnel's own xDS client code.
+    pub fn to_state(&self) -> ztunnel::state::ProxyState {
+        use shared_types::istio::xds::{resource, DeltaDiscoveryResponse};
+        let store = ResourceStore::default();
+        self.publish(&store);
+        let mut held = ztunnel::discovery::xds::Resources::default();
+        for type_url in [AUTHORIZATION_TYPE_URL, ADDRESS_TYPE_URL] {
+            let resources = store
+                .all(type_url)
+                .into_iter()
+                .map(|(name, entry)| resource(name, &entry.version, entry.body.clone()))
+                .collect();
+            let response = DeltaDiscoveryResponse {
+                type_url: type_url.into(),
+                resources,
+                ..Default::default()
+            };
+            let refused = held.apply(response);
+            assert!(refused.is_empty(), "ztunnel refused {refused:?}");
+        }
+        held.state().clone()
     }
 }

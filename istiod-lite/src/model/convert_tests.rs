@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::{Pod, Service as KubeService};
 use kube::core::DynamicObject;
 
 use super::*;
-use crate::discovery::kubernetes::{build, policy};
+use crate::model::{build, policy};
 
 fn opts() -> Options {
     Options {
@@ -150,7 +150,7 @@ fn host_network_pods_are_included_but_never_hbone() {
     assert_eq!(w.protocol, Protocol::Tcp);
     assert_eq!(w.network_mode, NetworkMode::HostNetwork);
     // The state never indexes a host-network workload by the node's IP.
-    let mut state = crate::state::ProxyState::new();
+    let mut state = ztunnel::state::ProxyState::new();
     state.insert_workload(w);
     assert!(state
         .workload_by_ip("192.168.1.10".parse().unwrap())

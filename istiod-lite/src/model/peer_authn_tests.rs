@@ -3,9 +3,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::*;
-use crate::discovery::kubernetes::{build, Options};
-use crate::identity::Identity;
-use crate::state::{ConnectionAttrs, Denied};
+use crate::model::{build, Options};
+use mesh_ca::Identity;
+use mesh_model::{ConnectionAttrs, Denied};
 
 const ROOT: &str = "istio-system";
 

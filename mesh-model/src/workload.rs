@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::serde_util::{is_default, null_as_default, service_port_maps};
 use super::service::{NamespacedHostname, NetworkAddress};
-use crate::identity::Identity;
+use mesh_ca::Identity;
 
 /// Trust domain used when a workload does not name one (Istio's default).
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";

@@ -22,8 +22,8 @@ use kube::core::{ApiResource, DynamicObject};
 use serde::Deserialize;
 
 use super::convert::selects;
-use crate::state::policy::{CONVERTED_PEER_AUTHN_PREFIX, STATIC_STRICT_POLICY};
-use crate::state::{Action, Authorization, RbacMatch, Scope, StringMatch};
+use mesh_model::policy::{CONVERTED_PEER_AUTHN_PREFIX, STATIC_STRICT_POLICY};
+use mesh_model::{Action, Authorization, RbacMatch, Scope, StringMatch};
 
 /// `security.istio.io/v1` PeerAuthentication, read as a dynamic object (the API server
 /// serves v1beta1 objects under v1 too).

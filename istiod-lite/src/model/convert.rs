@@ -15,9 +15,9 @@ use tracing::debug;
 
 use super::policy::ConvertedPolicy;
 use super::Options;
-use crate::state::service::{NamespacedHostname, NetworkAddress};
-use crate::state::workload::{GatewayAddress, GatewayDestination, NetworkMode};
-use crate::state::{HealthStatus, Protocol, Service, Workload};
+use mesh_model::service::{NamespacedHostname, NetworkAddress};
+use mesh_model::workload::{GatewayAddress, GatewayDestination, NetworkMode};
+use mesh_model::{HealthStatus, Protocol, Service, Workload};
 
 /// Istio's pod workload uid: `<cluster>//Pod/<namespace>/<name>` (the same shape
 /// `Workload::effective_uid` gives uid-less local workloads).
@@ -234,7 +234,7 @@ pub fn pod(
                 .or(s.service_account.as_deref())
         })
         .filter(|s| !s.is_empty())
-        .unwrap_or(crate::state::workload::DEFAULT_SERVICE_ACCOUNT);
+        .unwrap_or(mesh_model::workload::DEFAULT_SERVICE_ACCOUNT);
     let (workload_name, workload_type) = workload_name_and_type(pod, name);
     let (canonical_name, canonical_revision) = canonical(&labels, &workload_name);
 

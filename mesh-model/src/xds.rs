@@ -1,9 +1,10 @@
-//! Istio's xDS resources (`istio.workload.Address`, `istio.security.Authorization`)
-//! into the state's source-neutral types.
+//! The model in Istio's xDS form (`istio.workload.Address`, `istio.security.Authorization`),
+//! both ways: istiod-lite encodes, ztunnel decodes.
 //!
-//! Everything here comes from the network: a field out of range, an address of the
-//! wrong length or an enum value we do not know is an error naming the field, never
-//! a panic and never a silent default, so the resource can be NACKed by name.
+//! Decoding reads from the network: a field out of range, an address of the wrong
+//! length or an enum value we do not know is an error naming the field, never a panic
+//! and never a silent default, so the resource can be NACKed by name. Encoding is
+//! deterministic (maps ordered), so equal values give equal bytes and equal versions.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -12,16 +13,16 @@ use ipnet::IpNet;
 use shared_types::istio::security as pb_sec;
 use shared_types::istio::workload as pb;
 
-use crate::state::policy::{Action, RbacMatch, Scope, ServiceAccountMatch, StringMatch};
-use crate::state::service::{
+use crate::policy::{Action, RbacMatch, Scope, ServiceAccountMatch, StringMatch};
+use crate::service::{
     IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
     NamespacedHostname, NetworkAddress,
 };
-use crate::state::workload::{
+use crate::workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus,
     Locality, NetworkMode, Protocol,
 };
-use crate::state::{Authorization, Service, Workload};
+use crate::{Authorization, Service, Workload};
 
 /// Why one resource was refused; the message names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -360,6 +361,258 @@ fn cidr(a: pb_sec::Address, field: &str) -> Result<IpNet, ConvertError> {
     })
 }
 
+/// The `Address` resource of a workload (its name is the uid).
+pub fn encode_workload(w: &Workload) -> pb::Address {
+    let workload_type = match w.workload_type.as_str() {
+        "cronjob" => pb::WorkloadType::Cronjob,
+        "pod" => pb::WorkloadType::Pod,
+        "job" => pb::WorkloadType::Job,
+        _ => pb::WorkloadType::Deployment,
+    };
+    let workload = pb::Workload {
+        uid: w.uid.clone(),
+        name: w.name.clone(),
+        namespace: w.namespace.clone(),
+        addresses: w.workload_ips.iter().map(ip_bytes).collect(),
+        hostname: w.hostname.clone(),
+        network: w.network.clone(),
+        tunnel_protocol: match w.protocol {
+            Protocol::Tcp => pb::TunnelProtocol::None,
+            Protocol::Hbone => pb::TunnelProtocol::Hbone,
+        } as i32,
+        trust_domain: w.trust_domain.clone(),
+        service_account: w.service_account.clone(),
+        waypoint: w.waypoint.as_ref().map(encode_gateway),
+        network_gateway: w.network_gateway.as_ref().map(encode_gateway),
+        node: w.node.clone(),
+        canonical_name: w.canonical_name.clone(),
+        canonical_revision: w.canonical_revision.clone(),
+        workload_type: workload_type as i32,
+        workload_name: w.workload_name.clone(),
+        native_tunnel: w.native_tunnel,
+        application_tunnel: w
+            .application_tunnel
+            .as_ref()
+            .map(|t| pb::ApplicationTunnel {
+                protocol: match t.protocol {
+                    ApplicationTunnelProtocol::None => pb::application_tunnel::Protocol::None,
+                    ApplicationTunnelProtocol::Proxy => pb::application_tunnel::Protocol::Proxy,
+                } as i32,
+                port: t.port.map_or(0, u32::from),
+            }),
+        services: w
+            .services
+            .iter()
+            .map(|(key, ports)| {
+                let list = pb::PortList {
+                    ports: encode_ports(ports),
+                };
+                (key.clone(), list)
+            })
+            .collect(),
+        authorization_policies: w.authorization_policies.clone(),
+        status: match w.status {
+            HealthStatus::Healthy => pb::WorkloadStatus::Healthy,
+            HealthStatus::Unhealthy => pb::WorkloadStatus::Unhealthy,
+        } as i32,
+        cluster_id: w.cluster_id.clone(),
+        locality: (w.locality != Locality::default()).then(|| pb::Locality {
+            region: w.locality.region.clone(),
+            zone: w.locality.zone.clone(),
+            subzone: w.locality.subzone.clone(),
+        }),
+        network_mode: match w.network_mode {
+            NetworkMode::Standard => pb::NetworkMode::Standard,
+            NetworkMode::HostNetwork => pb::NetworkMode::HostNetwork,
+        } as i32,
+        capacity: (w.capacity != 1).then_some(w.capacity),
+    };
+    pb::Address {
+        r#type: Some(pb::address::Type::Workload(workload)),
+    }
+}
+
+/// The `Address` resource of a service (its name is `namespace/hostname`). Endpoints
+/// listed on the service itself (a local-config form) have no xDS field and are left out.
+pub fn encode_service(s: &Service) -> pb::Address {
+    use pb::load_balancing::{HealthPolicy, Mode, Scope as S};
+    let service = pb::Service {
+        name: s.name.clone(),
+        namespace: s.namespace.clone(),
+        hostname: s.hostname.clone(),
+        addresses: s
+            .vips
+            .iter()
+            .map(|v| pb::NetworkAddress {
+                network: v.network.clone(),
+                address: ip_bytes(&v.address),
+                length: None,
+            })
+            .collect(),
+        ports: encode_ports(&s.ports),
+        subject_alt_names: s.subject_alt_names.clone(),
+        waypoint: s.waypoint.as_ref().map(encode_gateway),
+        load_balancing: s.load_balancer.as_ref().map(|lb| pb::LoadBalancing {
+            routing_preference: lb
+                .routing_preferences
+                .iter()
+                .map(|scope| match scope {
+                    LoadBalancerScope::Region => S::Region,
+                    LoadBalancerScope::Zone => S::Zone,
+                    LoadBalancerScope::Subzone => S::Subzone,
+                    LoadBalancerScope::Node => S::Node,
+                    LoadBalancerScope::Cluster => S::Cluster,
+                    LoadBalancerScope::Network => S::Network,
+                } as i32)
+                .collect(),
+            mode: match lb.mode {
+                None => Mode::UnspecifiedMode,
+                Some(LoadBalancerMode::Standard) => Mode::UnspecifiedMode,
+                Some(LoadBalancerMode::Strict) => Mode::Strict,
+                Some(LoadBalancerMode::Failover) => Mode::Failover,
+                Some(LoadBalancerMode::Passthrough) => Mode::Passthrough,
+            } as i32,
+            health_policy: match lb.health_policy {
+                LoadBalancerHealthPolicy::OnlyHealthy => HealthPolicy::OnlyHealthy,
+                LoadBalancerHealthPolicy::AllowAll => HealthPolicy::AllowAll,
+            } as i32,
+        }),
+        ip_families: match s.ip_families {
+            None => pb::IpFamilies::Automatic,
+            Some(IpFamily::IPv4) => pb::IpFamilies::Ipv4Only,
+            Some(IpFamily::IPv6) => pb::IpFamilies::Ipv6Only,
+            Some(IpFamily::Dual) => pb::IpFamilies::Dual,
+        } as i32,
+        canonical: s.canonical,
+        ingress_use_waypoint: false,
+    };
+    pb::Address {
+        r#type: Some(pb::address::Type::Service(service)),
+    }
+}
+
+/// The `Authorization` resource of a policy (its name is `namespace/name`). The
+/// conversion `warnings` have no xDS field: the control plane logs them.
+pub fn encode_authorization(a: &Authorization) -> pb_sec::Authorization {
+    pb_sec::Authorization {
+        name: a.name.clone(),
+        namespace: a.namespace.clone(),
+        scope: match a.scope {
+            Scope::Global => pb_sec::Scope::Global,
+            Scope::Namespace => pb_sec::Scope::Namespace,
+            Scope::WorkloadSelector => pb_sec::Scope::WorkloadSelector,
+        } as i32,
+        action: match a.action {
+            Action::Allow => pb_sec::Action::Allow,
+            Action::Deny => pb_sec::Action::Deny,
+        } as i32,
+        rules: a
+            .rules
+            .iter()
+            .map(|rule| pb_sec::Rule {
+                clauses: rule
+                    .iter()
+                    .map(|clause| pb_sec::Clause {
+                        matches: clause.iter().map(encode_match).collect(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        dry_run: a.dry_run,
+    }
+}
+
+fn encode_match(m: &RbacMatch) -> pb_sec::Match {
+    let strings = |list: &[StringMatch]| list.iter().map(encode_string_match).collect();
+    let cidrs = |list: &[IpNet]| {
+        list.iter()
+            .map(|net| pb_sec::Address {
+                address: ip_bytes(&net.addr()),
+                length: u32::from(net.prefix_len()),
+            })
+            .collect()
+    };
+    let accounts = |list: &[ServiceAccountMatch]| {
+        list.iter()
+            .map(|sa| pb_sec::ServiceAccountMatch {
+                namespace: sa.namespace.clone(),
+                service_account: sa.service_account.clone(),
+            })
+            .collect()
+    };
+    let ports = |list: &[u16]| list.iter().map(|p| u32::from(*p)).collect();
+    pb_sec::Match {
+        namespaces: strings(&m.namespaces),
+        not_namespaces: strings(&m.not_namespaces),
+        principals: strings(&m.principals),
+        not_principals: strings(&m.not_principals),
+        source_ips: cidrs(&m.source_ips),
+        not_source_ips: cidrs(&m.not_source_ips),
+        destination_ips: cidrs(&m.destination_ips),
+        not_destination_ips: cidrs(&m.not_destination_ips),
+        destination_ports: ports(&m.destination_ports),
+        not_destination_ports: ports(&m.not_destination_ports),
+        service_accounts: accounts(&m.service_accounts),
+        not_service_accounts: accounts(&m.not_service_accounts),
+    }
+}
+
+fn encode_string_match(m: &StringMatch) -> pb_sec::StringMatch {
+    use pb_sec::string_match::MatchType;
+    let match_type = match m {
+        StringMatch::Exact(v) => MatchType::Exact(v.clone()),
+        StringMatch::Prefix(v) => MatchType::Prefix(v.clone()),
+        StringMatch::Suffix(v) => MatchType::Suffix(v.clone()),
+        StringMatch::Presence => MatchType::Presence(()),
+    };
+    pb_sec::StringMatch {
+        match_type: Some(match_type),
+    }
+}
+
+fn encode_gateway(g: &GatewayAddress) -> pb::GatewayAddress {
+    let destination = match &g.destination {
+        GatewayDestination::Address(a) => {
+            pb::gateway_address::Destination::Address(pb::NetworkAddress {
+                network: a.network.clone(),
+                address: ip_bytes(&a.address),
+                length: None,
+            })
+        }
+        GatewayDestination::Hostname(h) => {
+            pb::gateway_address::Destination::Hostname(pb::NamespacedHostname {
+                namespace: h.namespace.clone(),
+                hostname: h.hostname.clone(),
+            })
+        }
+    };
+    pb::GatewayAddress {
+        destination: Some(destination),
+        hbone_mtls_port: u32::from(g.hbone_mtls_port),
+    }
+}
+
+/// Service port order, so equal maps encode alike.
+fn encode_ports(ports: &HashMap<u16, u16>) -> Vec<pb::Port> {
+    let mut out: Vec<pb::Port> = ports
+        .iter()
+        .map(|(service_port, target_port)| pb::Port {
+            service_port: u32::from(*service_port),
+            target_port: u32::from(*target_port),
+            app_protocol: 0,
+        })
+        .collect();
+    out.sort_by_key(|p| p.service_port);
+    out
+}
+
+fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
 #[cfg(test)]
-#[path = "convert_tests.rs"]
+#[path = "xds_tests.rs"]
 mod tests;

@@ -19,8 +19,8 @@ use kube::ResourceExt;
 
 use super::convert::selects;
 use super::policy_spec::{list, Condition, From, Operation, Rule, Spec, To};
-use crate::state::serde_util::cidr_list;
-use crate::state::{Action, Authorization, RbacMatch, Scope, ServiceAccountMatch, StringMatch};
+use mesh_model::serde_util::cidr_list;
+use mesh_model::{Action, Authorization, RbacMatch, Scope, ServiceAccountMatch, StringMatch};
 
 /// Istio's dry-run annotation: evaluate and log, never enforce.
 const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";

@@ -1,13 +1,13 @@
-//! Kubernetes-native discovery: workloads, services and policies straight from the API
-//! server, so a cluster without istiod still has a mesh.
+//! The model: Kubernetes objects into the xDS resources every ztunnel receives,
+//! converted the way istiod converts them for ztunnel.
 //!
-//! Watches Pods, Services and `security.istio.io/v1` AuthorizationPolicies and
-//! PeerAuthentications (list and watch only, cluster-wide), converts them the way
-//! istiod does for ztunnel, and
-//! publishes the result as the StateStore source "kubernetes". Namespaces are watched
-//! only for their `istio.io/use-waypoint` labels. Nodes and EndpointSlices are not
-//! watched: service endpoints come from Service selectors over pods (as istiod does
-//! for pods).
+//! Watches Pods, Services, Namespaces and `security.istio.io/v1` AuthorizationPolicies
+//! and PeerAuthentications (list and watch only, cluster-wide) and publishes
+//! `istio.workload.Address` (workloads by uid, services by `namespace/hostname`) and
+//! `istio.security.Authorization` (by `namespace/name`) into the [`ResourceStore`].
+//! Namespaces are read only for their `istio.io/use-waypoint` labels. Nodes and
+//! EndpointSlices are not watched: service endpoints come from Service selectors over
+//! pods (as istiod does for pods).
 //!
 //! Changes are coalesced for [`DEBOUNCE`] before a rebuild. Nothing is published until
 //! every kind has been listed once, so proxies never see pods without their policies.
@@ -34,20 +34,16 @@ use tracing::debug;
 
 pub use snapshot::{build, Built};
 
-use crate::discovery::FirstSync;
-use crate::readiness::BlockReady;
-use crate::state::StateStore;
+use crate::xds::store::ResourceStore;
 use snapshot::{Rebuilder, Stores};
 use watch::{IfAbsent, Progress};
 
-/// Name of this source in the [`StateStore`].
-pub const SOURCE: &str = "kubernetes";
 /// Events arriving within this window are handled by one rebuild.
 pub const DEBOUNCE: Duration = Duration::from_millis(20);
 /// Istio's default cluster DNS domain.
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 
-/// Settings of the conversion (all come from ztunnel's config).
+/// Settings of the conversion (all come from istiod-lite's config).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     /// `CLUSTER_ID`: first part of workload uids.
@@ -71,21 +67,6 @@ impl Default for Options {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum KubernetesError {
-    #[error("no Kubernetes API configuration found (KUBECONFIG, ~/.kube/config, or in-cluster service account): {0}")]
-    Config(#[from] kube::config::InferConfigError),
-    #[error("cannot build the Kubernetes client: {0}")]
-    Client(#[from] kube::Error),
-}
-
-/// A client from `KUBECONFIG` / `~/.kube/config`, else the in-cluster service account
-/// (kube's `Config::infer`).
-pub async fn infer_client() -> Result<Client, KubernetesError> {
-    let config = kube::Config::infer().await?;
-    Ok(Client::try_from(config)?)
-}
-
 /// `security.istio.io/v1` AuthorizationPolicy, read as a dynamic object.
 pub fn authorization_policy_resource() -> ApiResource {
     ApiResource {
@@ -97,15 +78,15 @@ pub fn authorization_policy_resource() -> ApiResource {
     }
 }
 
-/// Starts the watches and the rebuild loop; they run until `cancel` fires. `ready` is
-/// released once every kind is listed and the first snapshot is published.
+/// Starts the watches and the rebuild loop; they run until `cancel` fires. The
+/// returned flag turns true once every kind is listed and the first complete set of
+/// resources is in `store`.
 pub fn start(
     client: Client,
     opts: Options,
-    state: StateStore,
-    ready: Option<BlockReady>,
+    store: ResourceStore,
     cancel: CancellationToken,
-) -> FirstSync {
+) -> signal::Receiver<bool> {
     let changes = signal::Sender::new(0u64);
     let kinds: [Arc<AtomicBool>; 5] = Default::default();
     let progress = |i: usize| Progress {
@@ -172,25 +153,23 @@ pub fn start(
     );
 
     let (synced_tx, synced) = signal::channel(false);
-    let rebuilder = Rebuilder::new(stores, opts, state);
+    let rebuilder = Rebuilder::new(stores, opts, store);
     tokio::spawn(run(
         rebuilder,
         changes.subscribe(),
         kinds,
-        ready,
         synced_tx,
         cancel,
     ));
-    FirstSync::new(synced)
+    synced
 }
 
-/// Waits for every kind's first list, publishes, releases readiness, then rebuilds
+/// Waits for every kind's first list, publishes, says it is synced, then rebuilds
 /// after each burst of changes.
 async fn run(
     mut rebuilder: Rebuilder,
     mut changes: signal::Receiver<u64>,
     kinds: [Arc<AtomicBool>; 5],
-    ready: Option<BlockReady>,
     synced: signal::Sender<bool>,
     cancel: CancellationToken,
 ) {
@@ -202,7 +181,6 @@ async fn run(
     }
     changes.borrow_and_update();
     rebuilder.rebuild();
-    drop(ready);
     synced.send_replace(true);
     loop {
         tokio::select! {
@@ -216,7 +194,7 @@ async fn run(
         changes.borrow_and_update();
         rebuilder.rebuild();
     }
-    debug!("kubernetes discovery stopped");
+    debug!("model stopped");
 }
 
 #[cfg(test)]

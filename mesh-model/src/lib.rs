@@ -1,0 +1,21 @@
+//! The mesh's source-neutral model: the workloads, services and L4 policies ztunnel
+//! enforces, in Istio's local-config shape (so a `LOCAL_XDS_PATH` file written for
+//! Istio's ztunnel loads unchanged), and their xDS form ([`xds`]: Istio's
+//! `istio.workload.Address` and `istio.security.Authorization`, both ways).
+//!
+//! istiod-lite builds these from Kubernetes objects and sends them as xDS; ztunnel
+//! reads them from xDS or from its local file and enforces them.
+
+pub mod policy;
+/// Serde helpers for the local-config format (also used by its readers).
+pub mod serde_util;
+pub mod service;
+pub mod workload;
+pub mod xds;
+
+pub use policy::{
+    Action, Authorization, ConnectionAttrs, Denied, RbacMatch, Scope, ServiceAccountMatch,
+    StringMatch,
+};
+pub use service::{NamespacedHostname, NetworkAddress, Service};
+pub use workload::{HealthStatus, Protocol, Workload};
