@@ -743,3 +743,81 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     send_ok(&c, "m", "client", &target, 5_000);
     assert!(fetched(&c) >= 1.0, "{}", c.node(1).logs());
 }
+
+/// `istioctl-lite proxy-status` over XDS, as an operator runs it: a token from a
+/// TokenRequest through the kubeconfig, istiod's root from the istio-ca-root-cert
+/// ConfigMap. Both node ztunnels are listed, each type SYNCED; a policy change is
+/// pushed, ACKed, and shows as a newer version, still SYNCED.
+#[test]
+fn proxy_status_shows_every_ztunnel_synced_over_xds() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = mesh_cluster("pst");
+    let xds = [
+        "proxy-status",
+        "--xds-address",
+        e2e::cluster::ISTIOD_ADDR,
+        "--xds-san",
+        "istiod.istio-system.svc",
+        "-o",
+        "json",
+    ];
+    let status = |c: &LocalCluster| -> Vec<serde_json::Value> {
+        serde_json::from_str(&c.istioctl(&xds).unwrap()).unwrap()
+    };
+    let synced = |p: &serde_json::Value| {
+        p["address"]["state"] == "SYNCED" && p["authorization"]["state"] == "SYNCED"
+    };
+    let proxies = wait_for("both ztunnels SYNCED", T, || {
+        let proxies = status(&c);
+        (proxies.len() == 2 && proxies.iter().all(synced)).then_some(proxies)
+    })
+    .unwrap();
+    for (proxy, node) in proxies.iter().zip(["node-1", "node-2"]) {
+        let name = proxy["name"].as_str().unwrap();
+        assert!(
+            name.starts_with("ztunnel~") && name.contains(&format!("ztunnel-{node}.istio-system")),
+            "{name}"
+        );
+        assert_eq!(
+            proxy["identity"],
+            "spiffe://cluster.local/ns/istio-system/sa/ztunnel"
+        );
+    }
+    let version = |p: &serde_json::Value| {
+        p["authorization"]["version"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let before = version(&proxies[0]);
+
+    c.kubectl_apply(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\n\
+         metadata: {name: deny-nothing, namespace: default}\n\
+         spec: {action: DENY, rules: [{from: [{source: {namespaces: [nowhere]}}]}]}\n",
+    )
+    .unwrap();
+    wait_for("the policy pushed and ACKed", T, || {
+        let proxies = status(&c);
+        proxies
+            .iter()
+            .all(|p| synced(p) && version(p) > before)
+            .then_some(())
+    })
+    .unwrap();
+
+    // Without a token the control plane refuses, and istioctl says why.
+    let refused = c
+        .istioctl(&[&xds[..5], &["--token", "not-a-token"]].concat())
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("Unauthenticated"), "{refused}");
+    // The table form, as people read it.
+    let table = c.istioctl(&xds[..5]).unwrap();
+    assert!(table.starts_with("NAME"), "{table}");
+    assert_eq!(table.matches("SYNCED").count(), 4, "{table}");
+}

@@ -70,6 +70,40 @@ pub enum Command {
     ZtunnelConfig(ZtunnelConfigArgs),
     /// Check a node and the cluster before installing.
     Precheck(PrecheckArgs),
+    /// Every ztunnel connected to the control plane, with each xDS type's sync state
+    /// (SYNCED, STALE, NACK, NOT SENT), read from istiod-lite over XDS.
+    ProxyStatus(XdsArgs),
+}
+
+/// How to reach the control plane over XDS (istioctl's XDS connection flags).
+#[derive(Args, Debug, Clone)]
+pub struct XdsArgs {
+    /// istiod's XDS address (HOST:PORT).
+    #[arg(long, default_value = "istiod.istio-system.svc:15012")]
+    pub xds_address: String,
+    /// Directory with `root-cert.pem` to verify istiod (default: the
+    /// `istio-ca-root-cert` ConfigMap of --istio-namespace, read through the kubeconfig).
+    #[arg(long)]
+    pub cert_dir: Option<PathBuf>,
+    /// How long to wait for the answer.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Skip verifying istiod's certificate.
+    #[arg(long)]
+    pub insecure: bool,
+    /// The name istiod's certificate must carry (default: the address's host).
+    #[arg(long)]
+    pub xds_san: Option<String>,
+    /// No TLS at all.
+    #[arg(long)]
+    pub plaintext: bool,
+    /// Bearer token to send (default: a TokenRequest, audience istio-ca, for the
+    /// `default` service account of --istio-namespace, through the kubeconfig).
+    #[arg(long)]
+    pub token: Option<String>,
+    /// istiod's namespace.
+    #[arg(short = 'i', long, default_value = "istio-system")]
+    pub istio_namespace: String,
 }
 
 /// How the charts are found and rendered; shared by install and uninstall.

@@ -10,6 +10,8 @@ mod install;
 mod kubeclient;
 mod output;
 mod precheck;
+mod proxystatus;
+mod xds;
 mod ztables;
 
 use clap::Parser;
@@ -61,5 +63,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             )
         }
         Command::Precheck(args) => precheck::run(g, args).await,
+        Command::ProxyStatus(args) => proxystatus::run(g, args).await,
     }
 }

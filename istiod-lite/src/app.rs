@@ -139,6 +139,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         store: resources.clone(),
         authn,
         trusted: node_accounts,
+        system_namespace: config.namespace.clone(),
         debounce: config.debounce,
         connections: Connections::default(),
         metrics: metrics.xds.clone(),

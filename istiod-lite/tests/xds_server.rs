@@ -134,6 +134,7 @@ async fn start() -> Fixture {
             pods,
         )),
         trusted: HashSet::from([("istio-system".into(), "ztunnel".into())]),
+        system_namespace: "istio-system".into(),
         debounce: DEBOUNCE,
         connections: connections.clone(),
         metrics: metrics.clone(),

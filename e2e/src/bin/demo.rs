@@ -62,6 +62,23 @@ fn main() -> Result<()> {
     println!("   no file under any node's directories holds the CA key: each ztunnel has only a");
     println!("   projected token (audience istio-ca, bound to its pod) and the root certificate,");
     println!("   and asks istiod-lite for its pods' certificates (ImpersonatedIdentity).");
+    step("The ztunnels learn the mesh from istiod-lite over xDS (none reads the API server)");
+    let xds = [
+        "proxy-status",
+        "--xds-address",
+        e2e::cluster::ISTIOD_ADDR,
+        "--xds-san",
+        "istiod.istio-system.svc",
+    ];
+    let status = wait_for("both ztunnels SYNCED", Duration::from_secs(30), || {
+        let table = cluster.istioctl(&xds).ok()?;
+        (table.matches("SYNCED").count() == 4).then_some(table)
+    })?;
+    println!(
+        "   $ istioctl-lite proxy-status --xds-address {}",
+        e2e::cluster::ISTIOD_ADDR
+    );
+    println!("{}", indent(&status));
     if args.up {
         keep_up(&cluster)?;
         cluster.shutdown()?;
@@ -343,6 +360,7 @@ fn keep_up(c: &LocalCluster) -> Result<()> {
     println!("   k run is not available (no images): create pods whose command is e2e-app, e.g.");
     println!("     k apply -f - <<< '{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"s\"}},\"spec\":{{\"nodeName\":\"node-2\",\"containers\":[{{\"name\":\"s\",\"image\":\"x\",\"command\":[\"e2e-app\",\"sink\",\"--listen\",\"0.0.0.0:9000\"]}}]}}}}'");
     println!("   ip netns exec {node1} {} --kubeconfig {} ztunnel-config workloads --ztunnel-admin 127.0.0.1:15000", istioctl.display(), c.kubeconfig().display());
+    println!("   ip netns exec {} {} --kubeconfig {} proxy-status --xds-address {} --xds-san istiod.istio-system.svc", c.control_plane.ns.name(), istioctl.display(), c.kubeconfig().display(), e2e::cluster::ISTIOD_ADDR);
     println!(
         "   (the API server listens only inside the cluster's namespaces, hence `ip netns exec`)"
     );

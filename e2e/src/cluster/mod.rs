@@ -122,10 +122,13 @@ impl LocalCluster {
             "/api/v1/namespaces",
             &objects::namespace(SYSTEM_NAMESPACE, &[]),
         )?;
-        api.create_if_absent(
-            &format!("/api/v1/namespaces/{SYSTEM_NAMESPACE}/serviceaccounts"),
-            &objects::service_account(SYSTEM_NAMESPACE, "ztunnel"),
-        )?;
+        // `default` as the service account controller makes it (istioctl's XDS token).
+        for sa in ["ztunnel", "default"] {
+            api.create_if_absent(
+                &format!("/api/v1/namespaces/{SYSTEM_NAMESPACE}/serviceaccounts"),
+                &objects::service_account(SYSTEM_NAMESPACE, sa),
+            )?;
+        }
         let path = format!("/apis/apps/v1/namespaces/{SYSTEM_NAMESPACE}/daemonsets");
         for (name, app) in [("istio-cni-node", "istio-cni-node"), ("ztunnel", "ztunnel")] {
             api.create_if_absent(
@@ -183,12 +186,23 @@ impl LocalCluster {
 
     /// Runs the real `kubectl` (inside the control-plane namespace); its stdout.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let mut cmd = self.control_plane.ns.command("kubectl");
+        self.run_with_kubeconfig("kubectl", args)
+    }
+
+    /// istioctl-lite with this cluster's kubeconfig, from the control-plane namespace
+    /// (so it reaches istiod-lite at [`ISTIOD_ADDR`]).
+    pub fn istioctl(&self, args: &[&str]) -> Result<String> {
+        let binary = crate::mesh::binary("istioctl-lite")?;
+        self.run_with_kubeconfig(binary.to_str().context("path")?, args)
+    }
+
+    fn run_with_kubeconfig(&self, program: &str, args: &[&str]) -> Result<String> {
+        let mut cmd = self.control_plane.ns.command(program);
         cmd.arg("--kubeconfig").arg(self.kubeconfig()).args(args);
-        let out = cmd.output().context("running kubectl")?;
+        let out = cmd.output().with_context(|| format!("running {program}"))?;
         if !out.status.success() {
             bail!(
-                "kubectl {} failed: {}",
+                "{program} {} failed: {}",
                 args.join(" "),
                 String::from_utf8_lossy(&out.stderr).trim()
             );

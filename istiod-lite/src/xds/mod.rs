@@ -2,13 +2,15 @@
 //! ztunnels, as istiod serves it.
 //!
 //! Each stream is authenticated with the caller's token (as the CA is); its first
-//! request must name a node whose metadata `NAMESPACE` is the token's namespace, and
-//! the token's service account must be a trusted node account (ztunnel's): the
-//! resources describe every workload of the mesh. Each stream then runs on its own
-//! task ([`connection`]) against the shared [`ResourceStore`], so a slow or stuck
-//! client holds up nobody but itself.
+//! request must name a node whose metadata `NAMESPACE` is the token's namespace. A
+//! trusted node account (ztunnel's) gets the resources, which describe every workload
+//! of the mesh: its stream runs on its own task ([`connection`]) against the shared
+//! [`ResourceStore`], so a slow or stuck client holds up nobody but itself. A caller
+//! from istiod's own namespace asking for `istio.io/debug/syncz` gets the proxies'
+//! sync status ([`debug`]) and nothing else.
 
 pub mod connection;
+pub mod debug;
 pub mod metrics;
 pub mod status;
 pub mod store;
@@ -19,7 +21,7 @@ use std::time::Duration;
 
 use shared_types::istio::xds::{
     string_field, AggregatedDiscoveryService, DeltaDiscoveryRequest, DeltaDiscoveryResponse,
-    DiscoveryRequest, DiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
+    DiscoveryRequest, DiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, SYNCZ_TYPE_URL,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -43,6 +45,8 @@ pub struct AdsService {
     pub authn: Arc<TokenAuthenticator>,
     /// (namespace, service account) allowed to stream: the node proxies.
     pub trusted: HashSet<(String, String)>,
+    /// istiod's namespace: its accounts may read the debug types.
+    pub system_namespace: String,
     /// A burst of changes within this window is one push per stream.
     pub debounce: Duration,
     pub connections: Connections,
@@ -105,18 +109,28 @@ impl AggregatedDiscoveryService for AdsService {
                 )),
             ));
         }
-        if !self
+        let (responses, rx) = mpsc::channel(QUEUE);
+        let proxy = self
             .trusted
-            .contains(&(id.namespace.clone(), id.service_account.clone()))
-        {
+            .contains(&(id.namespace.clone(), id.service_account.clone()));
+        if !proxy {
+            if first.type_url == SYNCZ_TYPE_URL && id.namespace == self.system_namespace {
+                tracing::debug!(caller = %id, "xDS debug stream open");
+                tokio::spawn(debug::serve(
+                    self.connections.clone(),
+                    first,
+                    requests,
+                    responses,
+                ));
+                return Ok(Response::new(ReceiverStream::new(rx)));
+            }
             return Err(self.refuse(
                 "untrusted_caller",
                 Status::permission_denied(format!(
-                    "{id} is not a node proxy account (CA_TRUSTED_NODE_ACCOUNTS)"
+                    "{id} is not a node proxy account (CA_TRUSTED_NODE_ACCOUNTS), nor asking {SYNCZ_TYPE_URL} from istiod's namespace"
                 )),
             ));
         }
-        let (responses, rx) = mpsc::channel(QUEUE);
         let registration = self.connections.register(&node.id, id.to_uri());
         tracing::info!(node = %node.id, caller = %id, "xDS stream open");
         tokio::spawn(

@@ -9,11 +9,19 @@ pub use envoy_types::pb::envoy::service::discovery::v3::{
     },
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
+pub use envoy_types::pb::envoy::service::status::v3::{
+    client_config::GenericXdsConfig, ClientConfig, ConfigStatus,
+};
 pub use envoy_types::pb::google::protobuf::{value::Kind, Any, Struct, Value};
 pub use envoy_types::pb::google::rpc::Status;
 
 pub use super::security::AUTHORIZATION_TYPE_URL;
 pub use super::workload::ADDRESS_TYPE_URL;
+
+/// Istio's debug type: one `ClientConfig` per connected proxy, with each type's sync
+/// state (what `istioctl proxy-status` shows).
+pub const SYNCZ_TYPE_URL: &str = "istio.io/debug/syncz";
+pub const CLIENT_CONFIG_TYPE_URL: &str = "type.googleapis.com/envoy.service.status.v3.ClientConfig";
 
 /// The node metadata keys istiod reads from a ztunnel (besides every
 /// `ISTIO_META_<X>` variable, sent as `<X>`).

@@ -1,0 +1,132 @@
+//! `proxy-status`: every ztunnel connected to istiod-lite and how far each xDS type is
+//! in sync, from istiod's `istio.io/debug/syncz` (envoy `ClientConfig`s), as
+//! `istioctl proxy-status` shows it.
+
+use anyhow::{Context, Result};
+use prost::Message;
+use serde::Serialize;
+use shared_types::istio::xds::{
+    string_field, ClientConfig, ConfigStatus, Struct, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
+    SYNCZ_TYPE_URL,
+};
+
+use crate::cli::{Global, Output, XdsArgs};
+use crate::output::{print_structured, Table};
+use crate::xds;
+
+/// One type on one proxy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TypeSync {
+    pub state: &'static str,
+    pub version: String,
+    pub nonce_sent: String,
+    pub nonce_acked: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub nack: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProxySync {
+    pub name: String,
+    pub identity: String,
+    pub address: TypeSync,
+    pub authorization: TypeSync,
+}
+
+pub async fn run(global: &Global, args: &XdsArgs) -> Result<()> {
+    let response = xds::fetch(global, args, SYNCZ_TYPE_URL).await?;
+    let proxies = response
+        .resources
+        .iter()
+        .map(|r| {
+            let body = r
+                .resource
+                .as_ref()
+                .context("a syncz resource without a body")?;
+            let config = ClientConfig::decode(body.value.as_slice())
+                .with_context(|| format!("istiod's status of {} is not a ClientConfig", r.name))?;
+            Ok(proxy_sync(&config))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    match global.output {
+        Output::Table => print!("{}", table(&proxies)),
+        format => print_structured(format, &proxies)?,
+    }
+    Ok(())
+}
+
+fn proxy_sync(config: &ClientConfig) -> ProxySync {
+    let node = config.node.clone().unwrap_or_default();
+    let identity = node
+        .metadata
+        .as_ref()
+        .and_then(|md| string_field(md, "identity"))
+        .unwrap_or_default()
+        .to_owned();
+    let of = |type_url: &str| {
+        let Some(t) = config
+            .generic_xds_configs
+            .iter()
+            .find(|t| t.type_url == type_url)
+        else {
+            return TypeSync {
+                state: "NOT SENT",
+                version: String::new(),
+                nonce_sent: String::new(),
+                nonce_acked: String::new(),
+                nack: String::new(),
+            };
+        };
+        let details = t
+            .xds_config
+            .as_ref()
+            .and_then(|any| Struct::decode(any.value.as_slice()).ok())
+            .unwrap_or_default();
+        let field = |k: &str| string_field(&details, k).unwrap_or_default().to_owned();
+        TypeSync {
+            state: match ConfigStatus::try_from(t.config_status) {
+                Ok(ConfigStatus::Synced) => "SYNCED",
+                Ok(ConfigStatus::Stale) => "STALE",
+                Ok(ConfigStatus::Error) => "NACK",
+                Ok(ConfigStatus::NotSent) => "NOT SENT",
+                _ => "UNKNOWN",
+            },
+            version: t.version_info.clone(),
+            nonce_sent: field("nonce_sent"),
+            nonce_acked: field("nonce_acked"),
+            nack: field("nack"),
+        }
+    };
+    ProxySync {
+        name: node.id,
+        identity,
+        address: of(ADDRESS_TYPE_URL),
+        authorization: of(AUTHORIZATION_TYPE_URL),
+    }
+}
+
+fn table(proxies: &[ProxySync]) -> String {
+    let mut t = Table::new(
+        3,
+        &[
+            "NAME",
+            "IDENTITY",
+            "ADDRESS",
+            "AUTHORIZATION",
+            "VERSION",
+            "NONCE (SENT/ACKED)",
+        ],
+    );
+    for p in proxies {
+        let nonces = |s: &TypeSync| format!("{}/{}", s.nonce_sent, s.nonce_acked);
+        t.row(vec![
+            p.name.clone(),
+            p.identity.clone(),
+            p.address.state.to_owned(),
+            p.authorization.state.to_owned(),
+            p.address.version.clone(),
+            format!("{} {}", nonces(&p.address), nonces(&p.authorization)),
+        ]);
+    }
+    t.render()
+}
