@@ -747,7 +747,8 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
 /// `istioctl-lite proxy-status` over XDS, as an operator runs it: a token from a
 /// TokenRequest through the kubeconfig, istiod's root from the istio-ca-root-cert
 /// ConfigMap. Both node ztunnels are listed, each type SYNCED; a policy change is
-/// pushed, ACKed, and shows as a newer version, still SYNCED.
+/// pushed, ACKed, and shows as a newer version, still SYNCED; `ztunnel-config
+/// --from-control-plane` shows the policy as istiod-lite serves it.
 #[test]
 fn proxy_status_shows_every_ztunnel_synced_over_xds() {
     if !e2e::can_run_root_tests() {
@@ -809,6 +810,25 @@ fn proxy_status_shows_every_ztunnel_synced_over_xds() {
             .then_some(())
     })
     .unwrap();
+
+    // The control plane's view of the mesh, without any ztunnel's admin port.
+    let policies = c
+        .istioctl(&[
+            "ztunnel-config",
+            "policies",
+            "--from-control-plane",
+            "--xds-address",
+            e2e::cluster::ISTIOD_ADDR,
+            "--xds-san",
+            "istiod.istio-system.svc",
+        ])
+        .unwrap();
+    let row = policies
+        .lines()
+        .find(|l| l.contains("deny-nothing"))
+        .unwrap_or_else(|| panic!("{policies}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells, ["default", "deny-nothing", "Deny", "Namespace"], "{policies}");
 
     // Without a token the control plane refuses, and istioctl says why.
     let refused = c

@@ -72,7 +72,7 @@ pub enum Command {
     Precheck(PrecheckArgs),
     /// Every ztunnel connected to the control plane, with each xDS type's sync state
     /// (SYNCED, STALE, NACK, NOT SENT), read from istiod-lite over XDS.
-    ProxyStatus(XdsArgs),
+    ProxyStatus(ProxyStatusArgs),
 }
 
 /// How to reach the control plane over XDS (istioctl's XDS connection flags).
@@ -101,6 +101,12 @@ pub struct XdsArgs {
     /// `default` service account of --istio-namespace, through the kubeconfig).
     #[arg(long)]
     pub token: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ProxyStatusArgs {
+    #[command(flatten)]
+    pub xds: XdsArgs,
     /// istiod's namespace.
     #[arg(short = 'i', long, default_value = "istio-system")]
     pub istio_namespace: String,
@@ -230,9 +236,15 @@ pub struct ZtunnelConfigArgs {
     /// Only workloads with this IP address.
     #[arg(long)]
     pub address: Option<String>,
-    /// Namespace of the ztunnel pods (kube lookup).
+    /// Namespace of the ztunnel pods (kube lookup), and istiod's.
     #[arg(long, default_value = "istio-system")]
     pub istio_namespace: String,
+    /// Read the control plane's view over XDS instead of a ztunnel's dump (no
+    /// ztunnel admin port needed).
+    #[arg(long, conflicts_with_all = ["file", "ztunnel_admin"])]
+    pub from_control_plane: bool,
+    #[command(flatten)]
+    pub xds: XdsArgs,
 }
 
 #[derive(Args, Debug)]

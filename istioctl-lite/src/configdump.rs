@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cli::{Global, ZtunnelConfigArgs};
-use crate::kubeclient;
+use crate::{kubeclient, xds};
 
 /// ztunnel's admin port; it binds 127.0.0.1 unless ADMIN_ADDR says otherwise.
 pub const ADMIN_PORT: u16 = 15000;
@@ -130,7 +130,9 @@ impl Dump {
 
 /// From `-f`, `--ztunnel-admin`, or the ztunnel pod found through the API.
 pub async fn load(global: &Global, args: &ZtunnelConfigArgs) -> Result<Dump> {
-    let text = if let Some(file) = &args.file {
+    let text = if args.from_control_plane {
+        from_control_plane(global, args).await?
+    } else if let Some(file) = &args.file {
         read_file(file)?
     } else if let Some(addr) = &args.ztunnel_admin {
         http_get(addr, "/config_dump").await?
@@ -145,6 +147,52 @@ pub async fn load(global: &Global, args: &ZtunnelConfigArgs) -> Result<Dump> {
         })?
     };
     Dump::parse(&text)
+}
+
+/// The control plane's view, in `/config_dump`'s shape: every Address and
+/// Authorization resource istiod-lite serves, decoded as ztunnel decodes them.
+async fn from_control_plane(global: &Global, args: &ZtunnelConfigArgs) -> Result<String> {
+    use mesh_model::xds::{address, authorization, Converted};
+    use prost::Message;
+    use shared_types::istio::security;
+    use shared_types::istio::workload;
+    use shared_types::istio::xds::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
+
+    let ns = &args.istio_namespace;
+    let bodies = |response: shared_types::istio::xds::DeltaDiscoveryResponse| {
+        response
+            .resources
+            .into_iter()
+            .filter_map(|r| Some((r.name, r.resource?.value)))
+            .collect::<Vec<_>>()
+    };
+    let (mut workloads, mut services, mut policies) = (Vec::new(), Vec::new(), Vec::new());
+    let addresses = xds::fetch(global, &args.xds, ns, ADDRESS_TYPE_URL).await?;
+    for (name, value) in bodies(addresses) {
+        let decoded = workload::Address::decode(value.as_slice())
+            .map_err(|e| e.to_string())
+            .and_then(|a| address(a).map_err(|e| e.to_string()))
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        match decoded {
+            Converted::Workload(w) => workloads.push(serde_json::to_value(&w)?),
+            Converted::Service(s) => services.push(serde_json::to_value(&s)?),
+            Converted::Policy(_) => {}
+        }
+    }
+    let found = xds::fetch(global, &args.xds, ns, AUTHORIZATION_TYPE_URL).await?;
+    for (name, value) in bodies(found) {
+        let policy = security::Authorization::decode(value.as_slice())
+            .map_err(|e| e.to_string())
+            .and_then(|p| authorization(p).map_err(|e| e.to_string()))
+            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        policies.push(serde_json::to_value(&policy)?);
+    }
+    let dump = serde_json::json!({
+        "workloads": workloads,
+        "services": services,
+        "policies": policies,
+    });
+    Ok(dump.to_string())
 }
 
 fn read_file(path: &Path) -> Result<String> {

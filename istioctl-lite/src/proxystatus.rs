@@ -10,7 +10,7 @@ use shared_types::istio::xds::{
     SYNCZ_TYPE_URL,
 };
 
-use crate::cli::{Global, Output, XdsArgs};
+use crate::cli::{Global, Output, ProxyStatusArgs};
 use crate::output::{print_structured, Table};
 use crate::xds;
 
@@ -33,8 +33,8 @@ pub struct ProxySync {
     pub authorization: TypeSync,
 }
 
-pub async fn run(global: &Global, args: &XdsArgs) -> Result<()> {
-    let response = xds::fetch(global, args, SYNCZ_TYPE_URL).await?;
+pub async fn run(global: &Global, args: &ProxyStatusArgs) -> Result<()> {
+    let response = xds::fetch(global, &args.xds, &args.istio_namespace, SYNCZ_TYPE_URL).await?;
     let proxies = response
         .resources
         .iter()

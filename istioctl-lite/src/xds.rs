@@ -29,23 +29,24 @@ use crate::kubeclient;
 const AUDIENCE: &str = "istio-ca";
 const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
 
-/// Sends one request of `type_url` and returns istiod's first answer.
+/// Sends one request of `type_url` to istiod (in namespace `ns`) and returns its
+/// first answer.
 pub async fn fetch(
     global: &Global,
     args: &XdsArgs,
+    ns: &str,
     type_url: &str,
 ) -> Result<DeltaDiscoveryResponse> {
     let work = async {
         let token = match &args.token {
             Some(token) => token.clone(),
-            None => token_request(global, &args.istio_namespace).await?,
+            None => token_request(global, ns).await?,
         };
-        let channel = channel(global, args).await?;
-        let ns = &args.istio_namespace;
+        let channel = channel(global, args, ns).await?;
         let request = DeltaDiscoveryRequest {
             node: Some(Node {
                 id: format!("istioctl~0.0.0.0~istioctl.{ns}~{ns}.svc.cluster.local"),
-                metadata: Some(string_struct([("NAMESPACE", ns.as_str())])),
+                metadata: Some(string_struct([("NAMESPACE", ns)])),
                 ..Default::default()
             }),
             type_url: type_url.to_owned(),
@@ -100,7 +101,7 @@ async fn token_request(global: &Global, namespace: &str) -> Result<String> {
         .context("the TokenRequest answer holds no token")
 }
 
-async fn channel(global: &Global, args: &XdsArgs) -> Result<Channel> {
+async fn channel(global: &Global, args: &XdsArgs, ns: &str) -> Result<Channel> {
     let address = args.xds_address.clone();
     let endpoint = Endpoint::from_shared(format!("http://{address}"))
         .with_context(|| format!("--xds-address {address:?}"))?
@@ -111,7 +112,7 @@ async fn channel(global: &Global, args: &XdsArgs) -> Result<Channel> {
             .await
             .with_context(|| format!("cannot connect to {address}"));
     }
-    let tls = Arc::new(tls_config(global, args).await?);
+    let tls = Arc::new(tls_config(global, args, ns).await?);
     let host = address
         .rsplit_once(':')
         .map_or(address.as_str(), |(host, _)| host)
@@ -134,7 +135,7 @@ async fn channel(global: &Global, args: &XdsArgs) -> Result<Channel> {
         .with_context(|| format!("cannot reach istiod at {}", args.xds_address))
 }
 
-async fn tls_config(global: &Global, args: &XdsArgs) -> Result<ClientConfig> {
+async fn tls_config(global: &Global, args: &XdsArgs, ns: &str) -> Result<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
@@ -145,7 +146,7 @@ async fn tls_config(global: &Global, args: &XdsArgs) -> Result<ClientConfig> {
             .with_no_client_auth()
     } else {
         let mut roots = RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(root_pem(global, args).await?.as_bytes()) {
+        for cert in CertificateDer::pem_slice_iter(root_pem(global, args, ns).await?.as_bytes()) {
             roots
                 .add(cert.context("the mesh root is not PEM")?)
                 .context("the mesh root is not a usable certificate")?;
@@ -156,14 +157,13 @@ async fn tls_config(global: &Global, args: &XdsArgs) -> Result<ClientConfig> {
     Ok(config)
 }
 
-async fn root_pem(global: &Global, args: &XdsArgs) -> Result<String> {
+async fn root_pem(global: &Global, args: &XdsArgs, ns: &str) -> Result<String> {
     if let Some(dir) = &args.cert_dir {
         let path = dir.join("root-cert.pem");
         return std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()));
     }
     let client = kubeclient::client(global).await?;
-    let ns = &args.istio_namespace;
     let cm = Api::<ConfigMap>::namespaced(client, ns)
         .get(ROOT_CONFIGMAP)
         .await

@@ -1,7 +1,9 @@
-//! Debug streams: `istio.io/debug/syncz`, answered with one envoy `ClientConfig` per
-//! connected proxy and each type's sync state, as istiod answers `istioctl
-//! proxy-status`. Only callers from istiod's own namespace get one (Istio's rule for
-//! its debug types); they are not proxies and are sent nothing else.
+//! Debug streams, for callers from istiod's own namespace (Istio's rule for its debug
+//! types), which are not proxies: `istio.io/debug/syncz` is answered with one envoy
+//! `ClientConfig` per connected proxy and each type's sync state, as istiod answers
+//! `istioctl proxy-status`; a request for Address or Authorization with every
+//! resource of the type (the control plane's view, for `istioctl-lite ztunnel-config
+//! --from-control-plane`). Each request gets one answer; nothing is pushed.
 
 use prost::Message;
 use shared_types::istio::xds::{
@@ -12,10 +14,18 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use super::status::{Connections, ProxyStatus, SyncState};
+use super::store::ResourceStore;
+use super::TYPES;
 
-/// Answers every syncz request of the stream with the current status.
+/// Whether a debug stream may ask for `type_url`.
+pub fn serves(type_url: &str) -> bool {
+    type_url == SYNCZ_TYPE_URL || TYPES.contains(&type_url)
+}
+
+/// Answers every request of the stream once, with the current state.
 pub async fn serve(
     connections: Connections,
+    store: ResourceStore,
     first: DeltaDiscoveryRequest,
     mut requests: Streaming<DeltaDiscoveryRequest>,
     responses: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
@@ -23,17 +33,31 @@ pub async fn serve(
     let mut request = Some(first);
     let mut nonce = 0u64;
     while let Some(current) = request {
-        if current.type_url == SYNCZ_TYPE_URL && current.response_nonce.is_empty() {
+        if serves(&current.type_url) && current.response_nonce.is_empty() {
             nonce += 1;
-            if responses
-                .send(Ok(syncz(&connections, nonce)))
-                .await
-                .is_err()
-            {
+            let answer = if current.type_url == SYNCZ_TYPE_URL {
+                syncz(&connections, nonce)
+            } else {
+                snapshot(&store, &current.type_url, nonce)
+            };
+            if responses.send(Ok(answer)).await.is_err() {
                 return;
             }
         }
         request = requests.message().await.ok().flatten();
+    }
+}
+
+fn snapshot(store: &ResourceStore, type_url: &str, nonce: u64) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        type_url: type_url.into(),
+        nonce: nonce.to_string(),
+        resources: store
+            .all(type_url)
+            .into_iter()
+            .map(|(name, entry)| resource(name, &entry.version, entry.body.clone()))
+            .collect(),
+        ..Default::default()
     }
 }
 

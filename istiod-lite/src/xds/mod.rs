@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use shared_types::istio::xds::{
     string_field, AggregatedDiscoveryService, DeltaDiscoveryRequest, DeltaDiscoveryResponse,
-    DiscoveryRequest, DiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL, SYNCZ_TYPE_URL,
+    DiscoveryRequest, DiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -114,10 +114,11 @@ impl AggregatedDiscoveryService for AdsService {
             .trusted
             .contains(&(id.namespace.clone(), id.service_account.clone()));
         if !proxy {
-            if first.type_url == SYNCZ_TYPE_URL && id.namespace == self.system_namespace {
+            if debug::serves(&first.type_url) && id.namespace == self.system_namespace {
                 tracing::debug!(caller = %id, "xDS debug stream open");
                 tokio::spawn(debug::serve(
                     self.connections.clone(),
+                    self.store.clone(),
                     first,
                     requests,
                     responses,
@@ -127,7 +128,7 @@ impl AggregatedDiscoveryService for AdsService {
             return Err(self.refuse(
                 "untrusted_caller",
                 Status::permission_denied(format!(
-                    "{id} is not a node proxy account (CA_TRUSTED_NODE_ACCOUNTS), nor asking {SYNCZ_TYPE_URL} from istiod's namespace"
+                    "{id} is not a node proxy account (CA_TRUSTED_NODE_ACCOUNTS), nor a debug caller from istiod's namespace"
                 )),
             ));
         }
