@@ -828,7 +828,11 @@ fn proxy_status_shows_every_ztunnel_synced_over_xds() {
         .find(|l| l.contains("deny-nothing"))
         .unwrap_or_else(|| panic!("{policies}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cells, ["default", "deny-nothing", "Deny", "Namespace"], "{policies}");
+    assert_eq!(
+        cells,
+        ["default", "deny-nothing", "Deny", "Namespace"],
+        "{policies}"
+    );
 
     // Without a token the control plane refuses, and istioctl says why.
     let refused = c

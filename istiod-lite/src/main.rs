@@ -14,6 +14,11 @@ struct Cli {
     config: istiod_lite::config::Config,
 }
 
+/// mimalloc hands memory back after a burst (every ztunnel's initial sync at once)
+/// where glibc's allocator keeps the peak.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()

@@ -98,12 +98,16 @@ async fn follow(
         seen = generation;
         for type_url in [AUTHORIZATION_TYPE_URL, ADDRESS_TYPE_URL] {
             let names: Vec<String> = match &changed {
-                Changes::Names(names) => {
-                    names.get(type_url).into_iter().flatten().cloned().collect()
-                }
+                Changes::Names(names) => names
+                    .get(type_url)
+                    .into_iter()
+                    .flatten()
+                    .map(|n| n.to_string())
+                    .collect(),
                 Changes::Everything => resources
                     .all(type_url)
                     .into_keys()
+                    .map(|n| n.to_string())
                     .chain(held.versions(type_url).into_keys())
                     .collect(),
             };
@@ -117,7 +121,7 @@ async fn follow(
                         let body = entry.body.clone();
                         response
                             .resources
-                            .push(resource(name, &entry.version, body))
+                            .push(resource(name, entry.version(), body))
                     }
                     None => response.removed_resources.push(name),
                 }

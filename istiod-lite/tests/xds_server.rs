@@ -456,13 +456,7 @@ async fn ztunnel_syncs_and_follows_changes_with_only_the_changed_resource_sent()
 async fn a_reconnect_gets_only_what_changed_meanwhile() {
     let f = start().await;
     f.publish_workloads(&[("a", 1), ("b", 1), ("c", 1)]);
-    let version = |name: &str| {
-        f.store
-            .get(ADDRESS_TYPE_URL, &uid(name))
-            .unwrap()
-            .version
-            .clone()
-    };
+    let version = |name: &str| f.store.get(ADDRESS_TYPE_URL, &uid(name)).unwrap().version();
     let (a, b) = (version("a"), version("b"));
     let raw = f.raw(Some(&f.ztunnel_token().await)).await;
     let held = [
@@ -609,12 +603,7 @@ async fn a_stuck_client_delays_no_one_and_a_burst_is_one_push() {
         pushes += 1;
         assert_eq!(push.resources.len(), 200, "round {round}");
         live.send(ack(&push, None)).await;
-        let expected = f
-            .store
-            .get(ADDRESS_TYPE_URL, &uid("p0"))
-            .unwrap()
-            .version
-            .clone();
+        let expected = f.store.get(ADDRESS_TYPE_URL, &uid("p0")).unwrap().version();
         let got: HashMap<&str, &str> = push
             .resources
             .iter()

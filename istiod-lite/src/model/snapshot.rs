@@ -301,7 +301,7 @@ impl Built {
             let resources = store
                 .all(type_url)
                 .into_iter()
-                .map(|(name, entry)| resource(name, &entry.version, entry.body.clone()))
+                .map(|(name, entry)| resource(&*name, entry.version(), entry.body.clone()))
                 .collect();
             let response = DeltaDiscoveryResponse {
                 type_url: type_url.into(),

@@ -18,7 +18,7 @@ use tonic::{Status, Streaming};
 
 use super::metrics::XdsMetrics;
 use super::status::Registration;
-use super::store::{Changes, ResourceStore};
+use super::store::{parse_version, Changes, Entry, ResourceStore};
 use super::TYPES;
 
 /// The client went away: the stream is over.
@@ -31,8 +31,8 @@ type Responses = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
 struct Subscription {
     wildcard: bool,
     names: BTreeSet<String>,
-    /// What the client holds: name -> version.
-    held: HashMap<String, String>,
+    /// What the client holds: name -> version (digest).
+    held: HashMap<Arc<str>, u64>,
 }
 
 impl Subscription {
@@ -42,9 +42,9 @@ impl Subscription {
 }
 
 /// Which names a diff looks at.
-enum Scope<'a> {
+enum Scope {
     Everything,
-    Names(&'a BTreeSet<String>),
+    Names(Vec<Arc<str>>),
 }
 
 pub struct Connection {
@@ -154,14 +154,19 @@ impl Connection {
         if first {
             // An empty first subscription is a wildcard one.
             sub.wildcard = request.resource_names_subscribe.is_empty();
-            sub.held = request.initial_resource_versions;
+            sub.held = request
+                .initial_resource_versions
+                .into_iter()
+                // Not one of our versions: it differs from every one, so it is resent.
+                .map(|(name, v)| (name.into(), parse_version(&v).unwrap_or(u64::MAX)))
+                .collect();
         }
-        let mut added = BTreeSet::new();
+        let mut added = Vec::new();
         for name in request.resource_names_subscribe {
             if name == "*" {
                 sub.wildcard = true;
             } else if sub.names.insert(name.clone()) {
-                added.insert(name);
+                added.push(name.into());
             }
         }
         for name in request.resource_names_unsubscribe {
@@ -173,11 +178,11 @@ impl Connection {
         }
         // The client forgets what it unsubscribed from.
         sub.held
-            .retain(|held, _| sub.wildcard || sub.names.contains(held));
+            .retain(|held, _| sub.wildcard || sub.names.contains(&**held));
         let scope = if first {
             Scope::Everything
         } else {
-            Scope::Names(&added)
+            Scope::Names(added)
         };
         // The first request of a type is always answered, even with nothing: it is
         // what tells the client it is in sync.
@@ -195,7 +200,7 @@ impl Connection {
             let scope = match &changes {
                 Changes::Everything => Scope::Everything,
                 Changes::Names(names) => match names.get(type_url) {
-                    Some(names) => Scope::Names(names),
+                    Some(names) => Scope::Names(names.iter().cloned().collect()),
                     None => continue,
                 },
             };
@@ -208,7 +213,7 @@ impl Connection {
     async fn push(
         &mut self,
         type_url: &'static str,
-        scope: Scope<'_>,
+        scope: Scope,
         even_if_empty: bool,
         changed_at: Option<std::time::Instant>,
         responses: &Responses,
@@ -218,36 +223,43 @@ impl Connection {
         };
         let mut resources = Vec::new();
         let mut removed = Vec::new();
-        let mut consider = |name: &str, store: &ResourceStore, sub: &mut Subscription| {
+        let mut consider = |name: &Arc<str>, entry: Option<&Arc<Entry>>, sub: &mut Subscription| {
             if !sub.wants(name) {
                 return;
             }
-            match store.get(type_url, name) {
-                Some(entry) => {
-                    if sub.held.get(name) != Some(&entry.version) {
-                        sub.held.insert(name.to_owned(), entry.version.clone());
-                        resources.push(resource(name, &entry.version, entry.body.clone()));
-                    }
+            match entry {
+                Some(entry) if sub.held.get(name) != Some(&entry.digest) => {
+                    sub.held.insert(entry.name.clone(), entry.digest);
+                    resources.push(resource(&**name, entry.version(), entry.body.clone()));
                 }
+                Some(_) => {}
                 None => {
                     if sub.held.remove(name).is_some() {
-                        removed.push(name.to_owned());
+                        removed.push(name.to_string());
                     }
                 }
             }
         };
         match scope {
             Scope::Everything => {
-                let mut names: BTreeSet<String> = self.store.all(type_url).into_keys().collect();
-                names.extend(sub.names.iter().cloned());
-                names.extend(sub.held.keys().cloned());
-                for name in &names {
-                    consider(name, &self.store, sub);
+                let current = self.store.all(type_url);
+                let gone: Vec<Arc<str>> = sub
+                    .held
+                    .keys()
+                    .filter(|name| !current.contains_key(*name))
+                    .cloned()
+                    .collect();
+                for (name, entry) in &current {
+                    consider(name, Some(entry), sub);
+                }
+                for name in &gone {
+                    consider(name, None, sub);
                 }
             }
             Scope::Names(names) => {
-                for name in names {
-                    consider(name, &self.store, sub);
+                for name in &names {
+                    let entry = self.store.get(type_url, name);
+                    consider(name, entry.as_ref(), sub);
                 }
             }
         }

@@ -55,7 +55,7 @@ fn snapshot(store: &ResourceStore, type_url: &str, nonce: u64) -> DeltaDiscovery
         resources: store
             .all(type_url)
             .into_iter()
-            .map(|(name, entry)| resource(name, &entry.version, entry.body.clone()))
+            .map(|(name, entry)| resource(&*name, entry.version(), entry.body.clone()))
             .collect(),
         ..Default::default()
     }

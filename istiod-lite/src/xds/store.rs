@@ -21,25 +21,40 @@ use tokio::sync::watch;
 /// How many changes the log keeps for streams catching up.
 const LOG_LIMIT: usize = 100_000;
 
-/// One resource as served.
+/// One resource as served. Names are shared with every stream that holds them: a
+/// stream's bookkeeping is a pointer and a digest per resource, not two strings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
-    pub version: String,
+    pub name: Arc<str>,
+    /// The version, as a number: a digest of the bytes.
+    pub digest: u64,
     pub body: Any,
+}
+
+impl Entry {
+    /// The version on the wire.
+    pub fn version(&self) -> String {
+        format!("{:016x}", self.digest)
+    }
+}
+
+/// A version from the wire (`initial_resource_versions`); None if not one of ours.
+pub fn parse_version(text: &str) -> Option<u64> {
+    (text.len() == 16).then(|| u64::from_str_radix(text, 16).ok())?
 }
 
 /// What changed since a generation: exact names, or "compare everything".
 #[derive(Debug, PartialEq, Eq)]
 pub enum Changes {
-    Names(BTreeMap<&'static str, BTreeSet<String>>),
+    Names(BTreeMap<&'static str, BTreeSet<Arc<str>>>),
     Everything,
 }
 
 #[derive(Default)]
 struct Inner {
-    resources: BTreeMap<&'static str, BTreeMap<String, Arc<Entry>>>,
+    resources: BTreeMap<&'static str, BTreeMap<Arc<str>, Arc<Entry>>>,
     /// (generation, type, name) of every change, oldest first.
-    log: VecDeque<(u64, &'static str, String)>,
+    log: VecDeque<(u64, &'static str, Arc<str>)>,
     generation: u64,
     /// When each generation was published, for push latency.
     published: VecDeque<(u64, Instant)>,
@@ -61,12 +76,14 @@ impl Default for ResourceStore {
 }
 
 /// Content version of a resource body.
-pub fn version_of(body: &Any) -> String {
+pub fn version_of(body: &Any) -> u64 {
     let digest = Sha256::new()
         .chain_update(body.type_url.as_bytes())
         .chain_update(&body.value)
         .finalize();
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first)
 }
 
 impl ResourceStore {
@@ -83,17 +100,19 @@ impl ResourceStore {
         let mut next = BTreeMap::new();
         let mut changed = Vec::new();
         for (name, body) in resources {
-            let entry = match current.get(&name) {
+            let entry = match current.get(name.as_str()) {
                 Some(old) if old.body == body => old.clone(),
                 _ => {
+                    let name: Arc<str> = name.into();
                     changed.push(name.clone());
                     Arc::new(Entry {
-                        version: version_of(&body),
+                        name,
+                        digest: version_of(&body),
                         body,
                     })
                 }
             };
-            next.insert(name, entry);
+            next.insert(entry.name.clone(), entry);
         }
         changed.extend(current.into_keys().filter(|name| !next.contains_key(name)));
         inner.resources.insert(type_url, next);
@@ -137,7 +156,7 @@ impl ResourceStore {
         if behind {
             return (Changes::Everything, inner.generation);
         }
-        let mut names: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+        let mut names: BTreeMap<&'static str, BTreeSet<Arc<str>>> = BTreeMap::new();
         let start = inner.log.partition_point(|(g, _, _)| *g <= since);
         for (_, type_url, name) in inner.log.range(start..) {
             names.entry(type_url).or_default().insert(name.clone());
@@ -157,7 +176,7 @@ impl ResourceStore {
     }
 
     /// Every resource of `type_url`, by name.
-    pub fn all(&self, type_url: &str) -> BTreeMap<String, Arc<Entry>> {
+    pub fn all(&self, type_url: &str) -> BTreeMap<Arc<str>, Arc<Entry>> {
         self.read()
             .resources
             .get(type_url)
@@ -189,7 +208,7 @@ mod tests {
             2
         );
         let g1 = store.generation();
-        let a1 = store.get("A", "a").unwrap().version.clone();
+        let a1 = store.get("A", "a").unwrap().version();
         // Same bytes: no generation, no change.
         assert_eq!(
             store.replace_all("A", vec![("a".into(), any(b"1")), ("b".into(), any(b"1"))]),
@@ -202,7 +221,7 @@ mod tests {
             3
         );
         assert_eq!(
-            store.get("A", "c").unwrap().version,
+            store.get("A", "c").unwrap().version(),
             a1,
             "versions are content digests"
         );
@@ -210,14 +229,14 @@ mod tests {
         let (Changes::Names(names), _) = store.changes_since(g1) else {
             panic!("the log covers g1")
         };
-        let names: Vec<&str> = names["A"].iter().map(String::as_str).collect();
+        let names: Vec<&str> = names["A"].iter().map(|n| &**n).collect();
         assert_eq!(names, vec!["a", "b", "c"]);
         let now = store.generation();
         assert_eq!(
             store.changes_since(now),
             (Changes::Names(BTreeMap::new()), now)
         );
-        let all = BTreeMap::from([("A", ["a", "b", "c"].map(String::from).into())]);
+        let all = BTreeMap::from([("A", ["a", "b", "c"].map(Arc::from).into())]);
         assert_eq!(store.changes_since(0), (Changes::Names(all), now));
     }
 

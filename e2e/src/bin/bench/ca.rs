@@ -86,12 +86,14 @@ struct Issued {
     chain: Vec<String>,
 }
 
-struct Fixture {
-    client: Client,
-    root_pem: String,
-    grpc_port: u16,
+/// istiod-lite and the local API server it reads (shared with the xDS section).
+pub struct Fixture {
+    pub client: Client,
+    pub root_pem: String,
+    pub grpc_port: u16,
+    pub metrics_port: u16,
     // Dropped last: the process, then the files it reads.
-    istiod: ChildGuard,
+    pub istiod: ChildGuard,
     _dir: tempfile::TempDir,
 }
 
@@ -271,7 +273,7 @@ async fn paced(
 }
 
 /// The local API server with a node's pods, and istiod-lite ready to sign.
-async fn start() -> Result<Fixture> {
+pub async fn start() -> Result<Fixture> {
     let server = ApiServer::bind_with("127.0.0.1:0", Options::default()).await?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
@@ -317,8 +319,10 @@ async fn start() -> Result<Fixture> {
     let istiod = ChildGuard::spawn(&format!("istiod-lite-bench-{grpc_port}"), cmd)?;
     let ready = format!("127.0.0.1:{ready_port}");
     let istiod = tokio::task::spawn_blocking(move || {
-        match wait_for("istiod-lite to be ready", WAIT, || ready_ok(&ready)) {
-            Ok(()) => Ok(istiod),
+        match wait_for("istiod-lite to be ready", WAIT, || {
+            http_get(&ready, "/ready")
+        }) {
+            Ok(_) => Ok(istiod),
             Err(e) => Err(anyhow!("{e}; istiod-lite log:\n{}", istiod.log())),
         }
     })
@@ -327,13 +331,14 @@ async fn start() -> Result<Fixture> {
         client,
         root_pem,
         grpc_port,
+        metrics_port,
         istiod,
         _dir: dir,
     })
 }
 
 /// A token for ztunnel-1, bound to its pod, for the CA's audience.
-async fn pod_token(client: &Client, pod_uid: &str) -> Result<String> {
+pub async fn pod_token(client: &Client, pod_uid: &str) -> Result<String> {
     let request: TokenRequest = serde_json::from_value(json!({
         "spec": {
             "audiences": ["istio-ca"],
@@ -351,7 +356,7 @@ async fn pod_token(client: &Client, pod_uid: &str) -> Result<String> {
 }
 
 /// Its own HTTP/2 connection, checked against the mesh root as ztunnel does.
-async fn channel(root_pem: &str, port: u16) -> Result<Channel> {
+pub async fn channel(root_pem: &str, port: u16) -> Result<Channel> {
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(root_pem))
         .domain_name("istiod.istio-system.svc");
@@ -392,16 +397,16 @@ fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Whether `GET /ready` answers 200.
-fn ready_ok(addr: &str) -> Option<()> {
+/// `GET path` on loopback: the response (head and body) if it is a 200.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     write!(
         s,
-        "GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
-    text.starts_with("HTTP/1.1 200").then_some(())
+    text.starts_with("HTTP/1.1 200").then_some(text)
 }

@@ -10,6 +10,7 @@ mod inpod;
 mod procfs;
 mod report;
 mod standalone;
+mod xds;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -29,7 +30,7 @@ struct Args {
     #[arg(long, default_value = "bench/results.json")]
     out: PathBuf,
     /// Run only these sections (comma-separated or repeated; default: all). Only
-    /// `ca` runs without root.
+    /// `ca` and `xds` run without root.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
 }
@@ -49,11 +50,13 @@ enum Section {
     Enrollment,
     /// istiod-lite's CreateCertificate under load.
     Ca,
+    /// istiod-lite's delta xDS: a large mesh, hundreds of ztunnel streams.
+    Xds,
 }
 
 impl Section {
     fn needs_root(self) -> bool {
-        self != Section::Ca
+        !matches!(self, Section::Ca | Section::Xds)
     }
 
     fn run(self, plan: &Plan) -> Result<Vec<Figure>> {
@@ -64,6 +67,7 @@ impl Section {
             Section::Dns => dns::run(plan),
             Section::Enrollment => enrollment::run(plan),
             Section::Ca => ca::run(plan),
+            Section::Xds => xds::run(plan),
         }
     }
 }
@@ -86,6 +90,11 @@ pub struct Plan {
     ca_paced_requests: usize,
     /// How long the DNS load clients run.
     dns_load_secs: u64,
+    xds_pods: usize,
+    xds_services: usize,
+    xds_policies: usize,
+    xds_clients: usize,
+    xds_changes: usize,
 }
 
 fn main() -> Result<()> {
@@ -114,6 +123,11 @@ fn main() -> Result<()> {
             ca_paced_rate: 200.0,
             ca_paced_requests: 200,
             dns_load_secs: 1,
+            xds_pods: 500,
+            xds_services: 50,
+            xds_policies: 20,
+            xds_clients: 50,
+            xds_changes: 3,
         }
     } else {
         Plan {
@@ -131,6 +145,11 @@ fn main() -> Result<()> {
             ca_paced_rate: 500.0,
             ca_paced_requests: 1000,
             dns_load_secs: 5,
+            xds_pods: 10_000,
+            xds_services: 1_000,
+            xds_policies: 200,
+            xds_clients: 500,
+            xds_changes: 20,
         }
     };
     // Both nodes' ztunnels share this machine's two cores; in a cluster each would
