@@ -68,6 +68,7 @@ async fn measure(plan: &Plan) -> Result<Vec<Figure>> {
         .uid
         .context("ztunnel-1 has no uid")?;
     let token = ca::pod_token(&f.client, &ztunnel_uid).await?;
+    let model_rss_mib = rss_kib(f.istiod.pid()) as f64 / 1024.0;
 
     // Every client connects and subscribes at once, as ztunnels do after an istiod
     // restart; each reports every response it ACKs.
@@ -188,6 +189,12 @@ async fn measure(plan: &Plan) -> Result<Vec<Figure>> {
             &format!("istiod-lite CPU per pod change pushed to {n} clients"),
             "ms",
             change_cpu / changes * 1000.0,
+            "",
+        ),
+        single(
+            "istiod-lite RSS with the mesh, no stream",
+            "MiB",
+            model_rss_mib,
             "",
         ),
         single(
