@@ -12,7 +12,7 @@ use e2e::apiserver::{ApiServer, Control, Options};
 use istiod_lite::ca::authn::TokenAuthenticator;
 use istiod_lite::kube::pods::{watch_pods, PodIndex};
 use istiod_lite::server::{self, ServingCert};
-use istiod_lite::xds::store::ResourceStore;
+use istiod_lite::xds::store::{Published, ResourceStore};
 use istiod_lite::xds::{AdsService, Connections, SyncState, XdsMetrics};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
@@ -179,15 +179,19 @@ impl Fixture {
 
     /// Publishes `pods` workloads (`app/<name>` with version `v` baked into a field).
     fn publish_workloads(&self, pods: &[(&str, u8)]) {
-        let resources = pods
+        let resources: Vec<Published> = pods
             .iter()
-            .map(|(name, v)| (uid(name), workload_body(name, *v)))
+            .map(|(name, v)| Published {
+                name: uid(name),
+                body: workload_body(name, *v),
+                aliases: vec![format!("/10.0.{v}.{}", name.len())],
+            })
             .collect();
         self.store.replace_all(ADDRESS_TYPE_URL, resources);
     }
 
     fn publish_policies(&self, names: &[&str]) {
-        let resources = names
+        let resources: Vec<(String, Any)> = names
             .iter()
             .map(|name| {
                 let body = pb_sec::Authorization {
@@ -630,4 +634,48 @@ fn pad(mut body: Vec<u8>, len: usize) -> Vec<u8> {
     prost::encoding::encode_varint(len as u64, &mut body);
     body.extend(std::iter::repeat_n(7u8, len));
     body
+}
+
+/// Istio's on-demand client: nothing at first (`*` in and out), then one address at
+/// a time; each is answered with the workload it names (with the address as alias),
+/// which the stream then follows, and nothing else is pushed.
+#[tokio::test]
+async fn on_demand_lookups_are_answered_by_address_and_followed() {
+    let f = start().await;
+    f.publish_workloads(&[("a", 1), ("bb", 1)]);
+    let raw = f.raw(Some(&f.ztunnel_token().await)).await;
+    let mut first = subscribe(ADDRESS_TYPE_URL, "istio-system", &[]);
+    first.resource_names_subscribe = vec!["*".into()];
+    first.resource_names_unsubscribe = vec!["*".into()];
+    let mut s = raw.open(vec![first]).await.unwrap();
+    let empty = s.next().await;
+    assert!(empty.resources.is_empty(), "{:?}", names(&empty));
+    s.send(ack(&empty, None)).await;
+
+    s.send(DeltaDiscoveryRequest {
+        type_url: ADDRESS_TYPE_URL.into(),
+        resource_names_subscribe: vec!["/10.0.1.1".into()],
+        ..Default::default()
+    })
+    .await;
+    let found = s.next().await;
+    assert_eq!(names(&found), vec![uid("a")]);
+    assert_eq!(found.resources[0].aliases, vec!["/10.0.1.1"]);
+    s.send(ack(&found, None)).await;
+
+    // Only what it looked up is followed.
+    f.publish_workloads(&[("a", 1), ("bb", 2)]);
+    s.quiet(DEBOUNCE * 3).await;
+    f.publish_workloads(&[("a", 2), ("bb", 2)]);
+    let push = s.next().await;
+    assert_eq!(names(&push), vec![uid("a")]);
+    // An address nothing has is answered with nothing.
+    s.send(ack(&push, None)).await;
+    s.send(DeltaDiscoveryRequest {
+        type_url: ADDRESS_TYPE_URL.into(),
+        resource_names_subscribe: vec!["/10.9.9.9".into()],
+        ..Default::default()
+    })
+    .await;
+    s.quiet(DEBOUNCE * 3).await;
 }

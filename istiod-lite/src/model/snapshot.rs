@@ -6,6 +6,7 @@
 //! every resource whose bytes did not change: pod status noise reaches no proxy.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service as KubeService};
@@ -20,7 +21,7 @@ use super::convert::{self, NamespaceLabels, ServiceInfo};
 use super::peer_authn::{self, Effective, PeerAuthentications};
 use super::policy::{self, ConvertedPolicy};
 use super::Options;
-use crate::xds::store::ResourceStore;
+use crate::xds::store::{Published, ResourceStore};
 use mesh_model::xds::{encode_authorization, encode_service, encode_workload};
 use mesh_model::{Authorization, Service, Workload};
 
@@ -47,21 +48,31 @@ impl Built {
     /// Publishes every resource under Istio's names: a workload by uid, a service by
     /// `namespace/hostname`, a policy by `namespace/name`.
     pub fn publish(&self, store: &ResourceStore) {
-        let address = |value: Vec<u8>| Any {
-            type_url: ADDRESS_TYPE_URL.into(),
-            value,
+        let address = |name: String, value: Vec<u8>, aliases: Vec<String>| Published {
+            name,
+            body: Any {
+                type_url: ADDRESS_TYPE_URL.into(),
+                value,
+            },
+            aliases,
         };
-        let addresses = self
+        // Istio's on-demand keys: `network/IP` for every address.
+        let keys = |network: &str, ips: &mut dyn Iterator<Item = IpAddr>| {
+            ips.map(|ip| format!("{network}/{ip}")).collect::<Vec<_>>()
+        };
+        let addresses: Vec<Published> = self
             .workloads
             .iter()
-            .map(|w| (w.uid.clone(), address(encode_workload(w).encode_to_vec())))
-            .chain(
-                self.services
-                    .iter()
-                    .map(|s| (s.key(), address(encode_service(s).encode_to_vec()))),
-            )
+            .map(|w| {
+                let aliases = keys(&w.network, &mut w.workload_ips.iter().copied());
+                address(w.uid.clone(), encode_workload(w).encode_to_vec(), aliases)
+            })
+            .chain(self.services.iter().map(|s| {
+                let aliases = s.vips.iter().map(|v| v.to_string()).collect();
+                address(s.key(), encode_service(s).encode_to_vec(), aliases)
+            }))
             .collect();
-        let policies = self
+        let policies: Vec<(String, Any)> = self
             .policies
             .iter()
             .map(|p| {
@@ -312,5 +323,52 @@ impl Built {
             assert!(refused.is_empty(), "ztunnel refused {refused:?}");
         }
         held.state().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Istio's on-demand keys: every workload address and service VIP, as `network/IP`.
+    #[test]
+    fn addresses_are_published_as_aliases() {
+        let built = Built {
+            workloads: vec![Workload {
+                uid: "Kubernetes//Pod/shop/web-0".into(),
+                name: "web-0".into(),
+                namespace: "shop".into(),
+                workload_ips: vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
+                ..Default::default()
+            }],
+            services: vec![Service {
+                name: "web".into(),
+                namespace: "shop".into(),
+                hostname: "web.shop.svc.cluster.local".into(),
+                vips: vec!["net1/10.96.0.10".parse().unwrap()],
+                ..Default::default()
+            }],
+            policies: vec![],
+        };
+        let store = ResourceStore::default();
+        built.publish(&store);
+        let by = |alias| {
+            store
+                .resolve(ADDRESS_TYPE_URL, alias)
+                .map(|e| e.name.to_string())
+        };
+        assert_eq!(
+            by("/10.0.0.5").as_deref(),
+            Some("Kubernetes//Pod/shop/web-0")
+        );
+        assert_eq!(
+            by("/fd00::5").as_deref(),
+            Some("Kubernetes//Pod/shop/web-0")
+        );
+        assert_eq!(
+            by("net1/10.96.0.10").as_deref(),
+            Some("shop/web.shop.svc.cluster.local")
+        );
+        assert_eq!(by("/10.96.0.10"), None, "the network is part of the key");
     }
 }

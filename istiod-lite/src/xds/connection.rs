@@ -230,7 +230,12 @@ impl Connection {
             match entry {
                 Some(entry) if sub.held.get(name) != Some(&entry.digest) => {
                     sub.held.insert(entry.name.clone(), entry.digest);
-                    resources.push(resource(&**name, entry.version(), entry.body.clone()));
+                    let mut r = resource(&**name, entry.version(), entry.body.clone());
+                    if !sub.wildcard {
+                        // An on-demand client learns which of its keys this answers.
+                        r.aliases = entry.aliases.clone();
+                    }
+                    resources.push(r);
                 }
                 Some(_) => {}
                 None => {
@@ -258,8 +263,18 @@ impl Connection {
             }
             Scope::Names(names) => {
                 for name in &names {
-                    let entry = self.store.get(type_url, name);
-                    consider(name, entry.as_ref(), sub);
+                    match self.store.get(type_url, name) {
+                        Some(entry) => consider(name, Some(&entry), sub),
+                        // Not a name: an on-demand key (`network/IP`) is answered with
+                        // the resource it names, which the stream then follows.
+                        None => match self.store.resolve(type_url, name) {
+                            Some(entry) => {
+                                sub.names.insert(entry.name.to_string());
+                                consider(&entry.name, Some(&entry), sub);
+                            }
+                            None => consider(name, None, sub),
+                        },
+                    }
                 }
             }
         }

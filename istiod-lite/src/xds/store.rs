@@ -10,7 +10,7 @@
 //! names, so a stream catches up by reading only those names; a stream that fell
 //! further behind than the log reaches compares everything instead.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -29,6 +29,26 @@ pub struct Entry {
     /// The version, as a number: a digest of the bytes.
     pub digest: u64,
     pub body: Any,
+    /// Other keys it is found by: `network/IP` for an Address (Istio's on-demand keys).
+    pub aliases: Vec<String>,
+}
+
+/// What the model publishes of one resource.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Published {
+    pub name: String,
+    pub body: Any,
+    pub aliases: Vec<String>,
+}
+
+impl From<(String, Any)> for Published {
+    fn from((name, body): (String, Any)) -> Self {
+        Published {
+            name,
+            body,
+            aliases: Vec::new(),
+        }
+    }
 }
 
 impl Entry {
@@ -53,6 +73,8 @@ pub enum Changes {
 #[derive(Default)]
 struct Inner {
     resources: BTreeMap<&'static str, BTreeMap<Arc<str>, Arc<Entry>>>,
+    /// type URL -> alias -> name.
+    aliases: BTreeMap<&'static str, HashMap<String, Arc<str>>>,
     /// (generation, type, name) of every change, oldest first.
     log: VecDeque<(u64, &'static str, Arc<str>)>,
     generation: u64,
@@ -93,15 +115,25 @@ impl ResourceStore {
 
     /// Replaces every resource of `type_url` with `resources`; returns how many names
     /// changed (added, changed or removed). Nothing changed: no new generation.
-    pub fn replace_all(&self, type_url: &'static str, resources: Vec<(String, Any)>) -> usize {
+    pub fn replace_all<R: Into<Published>>(
+        &self,
+        type_url: &'static str,
+        resources: impl IntoIterator<Item = R>,
+    ) -> usize {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         let generation = inner.generation + 1;
         let current = inner.resources.remove(type_url).unwrap_or_default();
         let mut next = BTreeMap::new();
+        let mut aliases = HashMap::new();
         let mut changed = Vec::new();
-        for (name, body) in resources {
+        for published in resources {
+            let Published {
+                name,
+                body,
+                aliases: keys,
+            } = published.into();
             let entry = match current.get(name.as_str()) {
-                Some(old) if old.body == body => old.clone(),
+                Some(old) if old.body == body && old.aliases == keys => old.clone(),
                 _ => {
                     let name: Arc<str> = name.into();
                     changed.push(name.clone());
@@ -109,13 +141,18 @@ impl ResourceStore {
                         name,
                         digest: version_of(&body),
                         body,
+                        aliases: keys,
                     })
                 }
             };
+            for alias in &entry.aliases {
+                aliases.insert(alias.clone(), entry.name.clone());
+            }
             next.insert(entry.name.clone(), entry);
         }
         changed.extend(current.into_keys().filter(|name| !next.contains_key(name)));
         inner.resources.insert(type_url, next);
+        inner.aliases.insert(type_url, aliases);
         if changed.is_empty() {
             return 0;
         }
@@ -173,6 +210,13 @@ impl ResourceStore {
 
     pub fn get(&self, type_url: &str, name: &str) -> Option<Arc<Entry>> {
         self.read().resources.get(type_url)?.get(name).cloned()
+    }
+
+    /// The resource `alias` (e.g. `/10.0.0.1`) names, for an on-demand lookup.
+    pub fn resolve(&self, type_url: &str, alias: &str) -> Option<Arc<Entry>> {
+        let inner = self.read();
+        let name = inner.aliases.get(type_url)?.get(alias)?;
+        inner.resources.get(type_url)?.get(name).cloned()
     }
 
     /// Every resource of `type_url`, by name.
@@ -244,7 +288,7 @@ mod tests {
     fn a_stream_behind_the_log_compares_everything() {
         let store = ResourceStore::default();
         for i in 0..=(LOG_LIMIT / 1000 + 1) {
-            let set = (0..1000)
+            let set: Vec<(String, Any)> = (0..1000)
                 .map(|n| (format!("r{n}"), any(format!("{i}").as_bytes())))
                 .collect();
             store.replace_all("A", set);
