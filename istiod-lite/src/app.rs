@@ -6,7 +6,6 @@ use std::time::UNIX_EPOCH;
 use anyhow::Context;
 use mesh_ca::CertificateAuthority;
 use shared_types::istio::ca::IstioCertificateServiceServer;
-use shared_types::istio::xds::AggregatedDiscoveryServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::model;
 use crate::ops::{self, Ready};
 use crate::server::{self, ServingCert};
+use crate::xds::grpc::AdsServer;
 use crate::xds::{self, AdsService, Connections, ResourceStore, XdsMetrics};
 
 /// Ready once the pod index and the model have synced: before that, every
@@ -161,7 +161,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_service(IstioCertificateServiceServer::new(Arc::new(service)))
-        .add_service(AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(1 << 20))
+        .add_service(AdsServer::new(ads))
         .serve_with_incoming_shutdown(incoming, {
             let shutdown = shutdown.clone();
             async move { shutdown.cancelled().await }

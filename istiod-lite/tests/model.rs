@@ -106,7 +106,7 @@ async fn follow(
                     .collect(),
                 Changes::Everything => resources
                     .all(type_url)
-                    .into_keys()
+                    .keys()
                     .map(|n| n.to_string())
                     .chain(held.versions(type_url).into_keys())
                     .collect(),

@@ -12,6 +12,7 @@ use e2e::apiserver::{ApiServer, Control, Options};
 use istiod_lite::ca::authn::TokenAuthenticator;
 use istiod_lite::kube::pods::{watch_pods, PodIndex};
 use istiod_lite::server::{self, ServingCert};
+use istiod_lite::xds::grpc::AdsServer;
 use istiod_lite::xds::store::{Published, ResourceStore};
 use istiod_lite::xds::{AdsService, Connections, SyncState, XdsMetrics};
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -24,9 +25,8 @@ use serde_json::json;
 use shared_types::istio::security as pb_sec;
 use shared_types::istio::workload as pb;
 use shared_types::istio::xds::{
-    string_struct, ztunnel_node_id, AggregatedDiscoveryServiceClient,
-    AggregatedDiscoveryServiceServer, Any, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node,
-    Status as RpcStatus, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
+    string_struct, ztunnel_node_id, AggregatedDiscoveryServiceClient, Any, DeltaDiscoveryRequest,
+    DeltaDiscoveryResponse, Node, Status as RpcStatus, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -35,6 +35,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 use tonic::{Code, Streaming};
 use ztunnel::control_plane::{ControlPlaneConfig, RootCa, TokenSource};
 use ztunnel::discovery::xds::{self as client, NodeIdentity, XdsConfig};
+use ztunnel::state::demand::LOOKUP_TIMEOUT;
 use ztunnel::state::StateStore;
 
 const TD: &str = "cluster.local";
@@ -141,7 +142,7 @@ async fn start() -> Fixture {
     };
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(AggregatedDiscoveryServiceServer::new(ads))
+            .add_service(AdsServer::new(ads))
             .serve_with_incoming_shutdown(incoming, cancel.clone().cancelled_owned()),
     );
     Fixture {
@@ -185,6 +186,7 @@ impl Fixture {
                 name: uid(name),
                 body: workload_body(name, *v),
                 aliases: vec![format!("/10.0.{v}.{}", name.len())],
+                related: Vec::new(),
             })
             .collect();
         self.store.replace_all(ADDRESS_TYPE_URL, resources);
@@ -228,6 +230,11 @@ impl Fixture {
     }
 
     fn ztunnel(&self, token: String) -> StateStore {
+        self.ztunnel_with(token, None)
+    }
+
+    /// A ztunnel xDS client; `on_demand`: Some(network) for `XDS_ON_DEMAND`.
+    fn ztunnel_with(&self, token: String, on_demand: Option<String>) -> StateStore {
         let store = StateStore::new();
         let config = XdsConfig {
             control_plane: ControlPlaneConfig {
@@ -247,6 +254,7 @@ impl Fixture {
                 cluster_id: "Kubernetes".into(),
                 extra_metadata: vec![],
             },
+            on_demand,
         };
         client::start(
             config,
@@ -652,12 +660,7 @@ async fn on_demand_lookups_are_answered_by_address_and_followed() {
     assert!(empty.resources.is_empty(), "{:?}", names(&empty));
     s.send(ack(&empty, None)).await;
 
-    s.send(DeltaDiscoveryRequest {
-        type_url: ADDRESS_TYPE_URL.into(),
-        resource_names_subscribe: vec!["/10.0.1.1".into()],
-        ..Default::default()
-    })
-    .await;
+    s.send(lookup("/10.0.1.1")).await;
     let found = s.next().await;
     assert_eq!(names(&found), vec![uid("a")]);
     assert_eq!(found.resources[0].aliases, vec!["/10.0.1.1"]);
@@ -669,13 +672,107 @@ async fn on_demand_lookups_are_answered_by_address_and_followed() {
     f.publish_workloads(&[("a", 2), ("bb", 2)]);
     let push = s.next().await;
     assert_eq!(names(&push), vec![uid("a")]);
-    // An address nothing has is answered with nothing.
+    // An address nothing has is answered as removed: the xDS spec's "does not exist".
     s.send(ack(&push, None)).await;
-    s.send(DeltaDiscoveryRequest {
-        type_url: ADDRESS_TYPE_URL.into(),
-        resource_names_subscribe: vec!["/10.9.9.9".into()],
-        ..Default::default()
+    s.send(lookup("/10.9.9.9")).await;
+    let missing = s.next().await;
+    assert!(missing.resources.is_empty());
+    assert_eq!(missing.removed_resources, vec!["/10.9.9.9"]);
+    s.send(ack(&missing, None)).await;
+
+    // A Service VIP comes with the Service's endpoints, which are followed from then on.
+    let service = pb::Address {
+        r#type: Some(pb::address::Type::Service(pb::Service {
+            name: "web".into(),
+            namespace: "app".into(),
+            hostname: "web.app.svc.cluster.local".into(),
+            ..Default::default()
+        })),
+    };
+    let publish_with_service = |bb: u8| {
+        let mut resources = vec![
+            Published {
+                name: uid("a"),
+                body: workload_body("a", 2),
+                aliases: vec!["/10.0.2.1".into()],
+                related: Vec::new(),
+            },
+            Published {
+                name: uid("bb"),
+                body: workload_body("bb", bb),
+                aliases: vec![format!("/10.0.{bb}.2")],
+                related: Vec::new(),
+            },
+        ];
+        resources.push(Published {
+            name: "app/web.app.svc.cluster.local".into(),
+            body: any(ADDRESS_TYPE_URL, service.encode_to_vec()),
+            aliases: vec!["/10.96.0.1".into()],
+            related: vec![uid("bb")],
+        });
+        f.store.replace_all(ADDRESS_TYPE_URL, resources);
+    };
+    publish_with_service(2);
+    s.quiet(DEBOUNCE * 3).await;
+    s.send(lookup("/10.96.0.1")).await;
+    let vip = s.next().await;
+    assert_eq!(
+        names(&vip),
+        vec![uid("bb"), "app/web.app.svc.cluster.local".to_string()]
+    );
+    s.send(ack(&vip, None)).await;
+    publish_with_service(3);
+    let endpoint = s.next().await;
+    assert_eq!(names(&endpoint), vec![uid("bb")]);
+}
+
+/// ztunnel with `XDS_ON_DEMAND`: in sync with policies and no address, then each
+/// address a connection looks up is fetched and followed; an unknown one is answered
+/// at once (not left to time out).
+#[tokio::test]
+async fn ztunnel_on_demand_fetches_and_follows_what_connections_look_up() {
+    let f = start().await;
+    f.publish_workloads(&[("a", 1), ("bb", 1)]);
+    f.publish_policies(&["deny"]);
+    let ztunnel = f.ztunnel_with(f.ztunnel_token().await, Some(String::new()));
+    wait_until("ztunnel synced", || {
+        f.connections
+            .snapshot()
+            .iter()
+            .any(|p| p.types.len() == 2 && p.types.values().all(|t| t.state() == SyncState::Synced))
     })
     .await;
-    s.quiet(DEBOUNCE * 3).await;
+    assert_eq!(
+        ztunnel.snapshot().counts(),
+        (0, 0, 1),
+        "policies come whole"
+    );
+
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    ztunnel.fetch_address(ip("10.0.1.1")).await;
+    let a = ztunnel.workload_by_ip(ip("10.0.1.1")).expect("fetched");
+    assert_eq!(a.uid, uid("a"));
+    assert_eq!(ztunnel.snapshot().counts(), (1, 0, 1));
+    tokio::time::timeout(LOOKUP_TIMEOUT / 2, ztunnel.fetch_address(ip("10.9.9.9")))
+        .await
+        .expect("an unknown address is answered, not timed out");
+    assert_eq!(ztunnel.snapshot().counts(), (1, 0, 1));
+
+    // What was fetched is followed; what was not stays out.
+    f.publish_workloads(&[("a", 2), ("bb", 2)]);
+    wait_until("a's change is pushed", || {
+        ztunnel
+            .workload_by_uid(&uid("a"))
+            .is_some_and(|w| w.workload_ips == [ip("10.0.2.1")])
+    })
+    .await;
+    assert!(ztunnel.workload_by_uid(&uid("bb")).is_none());
+}
+
+fn lookup(key: &str) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: ADDRESS_TYPE_URL.into(),
+        resource_names_subscribe: vec![key.into()],
+        ..Default::default()
+    }
 }

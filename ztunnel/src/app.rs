@@ -259,6 +259,7 @@ fn start_xds_discovery(
             cluster_id: config.cluster_id.clone(),
             extra_metadata: xds::NodeIdentity::istio_meta_from_env(),
         },
+        on_demand: config.xds_on_demand.then(|| config.network.clone()),
     };
     let ready = readiness.register("xds");
     let synced = xds::start(
@@ -269,7 +270,7 @@ fn start_xds_discovery(
         shutdown.clone(),
     )
     .context("configuring the xDS client")?;
-    info!(address = %config.xds_address, "workloads, services and policies come from istiod over xDS");
+    info!(address = %config.xds_address, on_demand = config.xds_on_demand, "workloads, services and policies come from istiod over xDS");
     Ok(synced)
 }
 

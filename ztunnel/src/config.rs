@@ -81,6 +81,13 @@ pub struct Config {
     /// The name istiod's certificate is checked against, when XDS_ADDRESS is not it.
     #[arg(long, env = "ALT_XDS_HOSTNAME")]
     pub alt_xds_hostname: Option<String>,
+    /// Ask istiod for addresses as connections need them instead of receiving every
+    /// workload and Service (Istio's on-demand mode). Policies still come whole.
+    #[arg(long, env = "XDS_ON_DEMAND", default_value = "false", value_parser = parse_istio_bool)]
+    pub xds_on_demand: bool,
+    /// This ztunnel's network (multi-network meshes): the network of on-demand keys.
+    #[arg(long, env = "NETWORK", default_value = "")]
+    pub network: String,
     /// This ztunnel's own pod (downward API), sent to istiod as xDS node identity.
     #[arg(long, env = "POD_NAME", default_value = "")]
     pub pod_name: String,

@@ -151,6 +151,16 @@ struct Client {
 }
 
 fn start_client(addr: &str, root_pem: &str, cancel: &CancellationToken) -> Client {
+    start_client_with(addr, root_pem, cancel, None)
+}
+
+/// `on_demand`: Some(network) for `XDS_ON_DEMAND`.
+fn start_client_with(
+    addr: &str,
+    root_pem: &str,
+    cancel: &CancellationToken,
+    on_demand: Option<String>,
+) -> Client {
     let store = StateStore::new();
     let readiness = Readiness::new();
     let metrics = Arc::new(XdsMetrics::default());
@@ -172,6 +182,7 @@ fn start_client(addr: &str, root_pem: &str, cancel: &CancellationToken) -> Clien
             cluster_id: "Kubernetes".into(),
             extra_metadata: vec![],
         },
+        on_demand,
     };
     let synced = xds::start(
         config,
@@ -481,5 +492,82 @@ async fn a_refused_stream_is_retried_with_backoff_and_never_ready() {
     wait_until("three refused attempts", || refused() >= 3).await;
     assert!(!client.synced.is_synced());
     assert_eq!(client.readiness.pending(), vec!["xds"]);
+    cancel.cancel();
+}
+
+/// `XDS_ON_DEMAND`: the Address subscription starts as `*` in and out (nothing), a
+/// lookup that misses subscribes `network/IP` and waits for the answer, and a
+/// reconnect subscribes again to what was fetched.
+#[tokio::test]
+async fn on_demand_subscribes_nothing_then_each_lookup_and_again_after_a_reconnect() {
+    let cancel = CancellationToken::new();
+    let (addr, root, mut opened) = start_istiod(None, &cancel).await;
+    let client = start_client_with(&addr, &root, &cancel, Some("net1".into()));
+    let mut stream = accept(&mut opened).await;
+    let addresses = stream.next().await;
+    assert_eq!(addresses.type_url, ADDRESS_TYPE_URL);
+    assert_eq!(addresses.resource_names_subscribe, vec!["*"]);
+    assert_eq!(addresses.resource_names_unsubscribe, vec!["*"]);
+    let policies = stream.next().await;
+    assert!(
+        policies.resource_names_subscribe.is_empty(),
+        "policies stay wildcard"
+    );
+    stream
+        .send(response(ADDRESS_TYPE_URL, "n1", vec![], &[]))
+        .await;
+    stream.next().await;
+    stream
+        .send(response(AUTHORIZATION_TYPE_URL, "n2", vec![], &[]))
+        .await;
+    stream.next().await;
+    assert!(tokio::time::timeout(WAIT, client.synced.wait_synced())
+        .await
+        .unwrap());
+
+    let ip: std::net::IpAddr = "10.0.0.5".parse().unwrap();
+    let store = client.store.clone();
+    let lookup = tokio::spawn(async move { store.fetch_address(ip).await });
+    let asked = stream.next().await;
+    assert_eq!(asked.type_url, ADDRESS_TYPE_URL);
+    assert_eq!(asked.resource_names_subscribe, vec!["net1/10.0.0.5"]);
+    assert!(!lookup.is_finished(), "the lookup waits for the answer");
+    let mut found = workload("p", [10, 0, 0, 5], "v1");
+    found.aliases = vec!["net1/10.0.0.5".into()];
+    stream
+        .send(response(ADDRESS_TYPE_URL, "n3", vec![found], &[]))
+        .await;
+    tokio::time::timeout(WAIT, lookup).await.unwrap().unwrap();
+    assert_eq!(
+        client.store.workload_by_ip(ip).unwrap().uid,
+        "Kubernetes//Pod/shop/p",
+        "the answer is in the state when the lookup returns"
+    );
+    assert_eq!(stream.next().await.response_nonce, "n3");
+
+    // A known address is not asked for again.
+    client.store.fetch_address(ip).await;
+
+    stream
+        .responses
+        .send(Err(Status::unavailable("istiod restarting")))
+        .await
+        .unwrap();
+    drop(stream);
+    let mut stream = accept(&mut opened).await;
+    let again = stream.next().await;
+    assert_eq!(again.type_url, ADDRESS_TYPE_URL);
+    assert_eq!(
+        again.resource_names_subscribe,
+        vec!["*", "Kubernetes//Pod/shop/p"]
+    );
+    assert_eq!(again.resource_names_unsubscribe, vec!["*"]);
+    assert_eq!(
+        again
+            .initial_resource_versions
+            .get("Kubernetes//Pod/shop/p")
+            .map(String::as_str),
+        Some("v1")
+    );
     cancel.cancel();
 }

@@ -197,12 +197,49 @@ pub fn waypoint(
     })
 }
 
+/// Services by one label of their selector, so a pod is matched only against the
+/// Services that could select it: a rebuild is O(pods × their labels), not
+/// O(pods × Services).
+#[derive(Default)]
+pub struct ServiceIndex<'a> {
+    by_label: HashMap<(&'a str, &'a str), Vec<&'a ServiceInfo>>,
+}
+
+impl<'a> ServiceIndex<'a> {
+    pub fn new(services: impl IntoIterator<Item = &'a ServiceInfo>) -> Self {
+        let mut by_label: HashMap<_, Vec<_>> = HashMap::new();
+        for svc in services {
+            // An empty selector selects no pod (its endpoints are managed by hand).
+            if let Some((key, value)) = svc.selector.iter().next() {
+                by_label
+                    .entry((key.as_str(), value.as_str()))
+                    .or_default()
+                    .push(svc);
+            }
+        }
+        ServiceIndex { by_label }
+    }
+
+    /// The Services in `namespace` whose selector matches `labels`.
+    fn selecting<'l>(
+        &'l self,
+        namespace: &'l str,
+        labels: &'l BTreeMap<String, String>,
+    ) -> impl Iterator<Item = &'a ServiceInfo> + 'l {
+        labels
+            .iter()
+            .filter_map(|(k, v)| self.by_label.get(&(k.as_str(), v.as_str())))
+            .flatten()
+            .copied()
+            .filter(move |svc| svc.service.namespace == namespace && selects(&svc.selector, labels))
+    }
+}
+
 /// Converts a pod into a workload; `None` when it is not one: finished (only Running
-/// and Pending pods count, as in istiod), no IP yet, or no name. `services` needs only
-/// hold the pod's namespace (others are ignored).
+/// and Pending pods count, as in istiod), no IP yet, or no name.
 pub fn pod(
     pod: &Pod,
-    services: &[&ServiceInfo],
+    services: &ServiceIndex,
     policies: &[ConvertedPolicy],
     opts: &Options,
 ) -> Option<Workload> {
@@ -321,16 +358,10 @@ fn pod_services(
     pod: &Pod,
     namespace: &str,
     labels: &BTreeMap<String, String>,
-    services: &[&ServiceInfo],
+    services: &ServiceIndex,
 ) -> HashMap<String, HashMap<u16, u16>> {
     let mut out = HashMap::new();
-    for svc in services {
-        if svc.service.namespace != namespace
-            || svc.selector.is_empty()
-            || !selects(&svc.selector, labels)
-        {
-            continue;
-        }
+    for svc in services.selecting(namespace, labels) {
         let ports = svc
             .targets
             .iter()

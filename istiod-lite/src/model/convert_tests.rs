@@ -65,8 +65,7 @@ fn services(list: &[Arc<KubeService>]) -> Vec<ServiceInfo> {
 }
 
 fn workload(p: &Pod, svcs: &[ServiceInfo]) -> Option<Workload> {
-    let refs: Vec<&ServiceInfo> = svcs.iter().collect();
-    pod(p, &refs, &[], &opts())
+    pod(p, &ServiceIndex::new(svcs), &[], &opts())
 }
 
 #[test]
@@ -222,9 +221,25 @@ fn services_select_only_matching_pods_in_their_namespace() {
     );
     let no_selector =
         svc_yaml("metadata: {name: manual, namespace: app}\nspec: {ports: [{port: 80}]}\n");
-    let svcs = services(&[other_ns, wrong_labels, no_selector]);
+    // The first selector label matches, the second does not.
+    let partly = svc_yaml("metadata: {name: web-v1, namespace: app}\nspec: {selector: {app: web, version: v1}, ports: [{port: 80}]}\n");
+    let svcs = services(&[other_ns, wrong_labels, no_selector, partly]);
     let w = workload(&pod_yaml(POD), &svcs).unwrap();
     assert!(w.services.is_empty(), "{:?}", w.services);
+
+    // Every label of a selector must match, whichever one the index keys it by.
+    let both = svc_yaml("metadata: {name: web-v2, namespace: app}\nspec: {selector: {app: web, version: v2}, ports: [{port: 80}]}\n");
+    let by_version = svc_yaml("metadata: {name: v2, namespace: app}\nspec: {selector: {version: v2}, ports: [{port: 80}]}\n");
+    let w = workload(&pod_yaml(POD), &services(&[both, by_version])).unwrap();
+    let mut keys: Vec<&String> = w.services.keys().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "app/v2.app.svc.cluster.local",
+            "app/web-v2.app.svc.cluster.local"
+        ]
+    );
 }
 
 fn ap(y: &str) -> policy::ConvertedPolicy {
@@ -241,7 +256,7 @@ fn selector_policies_are_listed_on_selected_workloads() {
         ap("metadata: {name: mesh, namespace: istio-system}\nspec: {selector: {matchLabels: {version: v2}}}\n"),
         ap("metadata: {name: ns-wide, namespace: app}\nspec: {}\n"),
     ];
-    let w = pod(&pod_yaml(POD), &[], &policies, &opts()).unwrap();
+    let w = pod(&pod_yaml(POD), &ServiceIndex::default(), &policies, &opts()).unwrap();
     assert_eq!(
         w.authorization_policies,
         vec!["app/sel", "istio-system/mesh"]

@@ -17,7 +17,7 @@ use prost::Message;
 use shared_types::istio::xds::{Any, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use tracing::{debug, info, warn};
 
-use super::convert::{self, NamespaceLabels, ServiceInfo};
+use super::convert::{self, NamespaceLabels, ServiceIndex, ServiceInfo};
 use super::peer_authn::{self, Effective, PeerAuthentications};
 use super::policy::{self, ConvertedPolicy};
 use super::Options;
@@ -55,11 +55,19 @@ impl Built {
                 value,
             },
             aliases,
+            related: Vec::new(),
         };
         // Istio's on-demand keys: `network/IP` for every address.
         let keys = |network: &str, ips: &mut dyn Iterator<Item = IpAddr>| {
             ips.map(|ip| format!("{network}/{ip}")).collect::<Vec<_>>()
         };
+        // A Service's endpoints go with it to an on-demand client.
+        let mut endpoints: HashMap<&str, Vec<String>> = HashMap::new();
+        for w in &self.workloads {
+            for service in w.services.keys() {
+                endpoints.entry(service).or_default().push(w.uid.clone());
+            }
+        }
         let addresses: Vec<Published> = self
             .workloads
             .iter()
@@ -68,8 +76,15 @@ impl Built {
                 address(w.uid.clone(), encode_workload(w).encode_to_vec(), aliases)
             })
             .chain(self.services.iter().map(|s| {
-                let aliases = s.vips.iter().map(|v| v.to_string()).collect();
-                address(s.key(), encode_service(s).encode_to_vec(), aliases)
+                let key = s.key();
+                let mut published = address(
+                    key.clone(),
+                    encode_service(s).encode_to_vec(),
+                    s.vips.iter().map(|v| v.to_string()).collect(),
+                );
+                published.related = endpoints.remove(key.as_str()).unwrap_or_default();
+                published.related.sort();
+                published
             }))
             .collect();
         let policies: Vec<(String, Any)> = self
@@ -117,13 +132,7 @@ pub fn build(
             Some(info)
         })
         .collect();
-    let mut by_namespace: HashMap<&str, Vec<&ServiceInfo>> = HashMap::new();
-    for s in &services {
-        by_namespace
-            .entry(s.service.namespace.as_str())
-            .or_default()
-            .push(s);
-    }
+    let service_index = ServiceIndex::new(&services);
     // Policies converted from PeerAuthentications, by key.
     let mut converted: BTreeMap<String, Authorization> = BTreeMap::new();
     if !peer_authns.is_empty() {
@@ -135,8 +144,7 @@ pub fn build(
         .iter()
         .filter_map(|p| {
             let ns = p.metadata.namespace.as_deref().unwrap_or_default();
-            let services = by_namespace.get(ns).map(Vec::as_slice).unwrap_or_default();
-            let mut w = convert::pod(p, services, policies, opts)?;
+            let mut w = convert::pod(p, &service_index, policies, opts)?;
             w.waypoint = waypoint(ns, p.metadata.labels.as_ref());
             let labels = p.metadata.labels.clone().unwrap_or_default();
             let key = match peer_authns.effective(ns, &labels) {

@@ -7,18 +7,18 @@
 //! NACKed resource is not resent until it changes (the NACK is logged and counted),
 //! so a client that refuses something is never pushed the same thing in a loop.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared_types::istio::xds::{resource, DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use shared_types::istio::xds::{resource, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::metrics::XdsMetrics;
 use super::status::Registration;
-use super::store::{parse_version, Changes, Entry, ResourceStore};
+use super::store::{parse_version, CatchUp, Changes, Entry, ResourceStore, Versions, View};
 use super::TYPES;
 
 /// The client went away: the stream is over.
@@ -30,9 +30,11 @@ type Responses = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
 #[derive(Debug, Default)]
 struct Subscription {
     wildcard: bool,
-    names: BTreeSet<String>,
-    /// What the client holds: name -> version (digest).
-    held: HashMap<Arc<str>, u64>,
+    /// Names followed (on demand): asked for, or resolved from a key asked for.
+    names: BTreeSet<Arc<str>>,
+    /// What the client holds. Once a wildcard stream is up to date this is a clone of
+    /// the store's versions, so it costs nothing of its own.
+    held: Versions,
 }
 
 impl Subscription {
@@ -43,8 +45,123 @@ impl Subscription {
 
 /// Which names a diff looks at.
 enum Scope {
+    /// Every resource, and every held name.
     Everything,
-    Names(Vec<Arc<str>>),
+    /// Names that changed in the store since the stream's last push.
+    Changed(Vec<Arc<str>>),
+    /// Names (or on-demand keys) the client just asked for: each is answered, an
+    /// unknown one as removed (the xDS spec's "does not exist").
+    Requested(Vec<Arc<str>>),
+}
+
+/// One response being built.
+#[derive(Default)]
+struct Diff {
+    resources: Vec<Resource>,
+    removed: Vec<String>,
+}
+
+impl Diff {
+    fn is_empty(&self) -> bool {
+        self.resources.is_empty() && self.removed.is_empty()
+    }
+
+    /// Sends `entry` unless the client holds this version. Sent counts as held.
+    fn send(&mut self, sub: &mut Subscription, entry: &Entry) {
+        if sub.held.get(&entry.name) == Some(&entry.digest) {
+            return;
+        }
+        sub.held.insert(entry.name.clone(), entry.digest);
+        let mut r = resource(&*entry.name, entry.version(), entry.body.clone());
+        if !sub.wildcard {
+            // An on-demand client learns which of its keys this answers.
+            r.aliases = entry.aliases.clone();
+        }
+        self.resources.push(r);
+    }
+
+    /// Sends `entry` and, to an on-demand client, what it needs with it (a Service's
+    /// endpoints), which the stream then follows too.
+    fn follow(&mut self, sub: &mut Subscription, view: &View, entry: &Entry) {
+        self.send(sub, entry);
+        if sub.wildcard {
+            return;
+        }
+        sub.names.insert(entry.name.clone());
+        for name in &entry.related {
+            if sub.names.insert(name.clone()) {
+                if let Some(related) = view.get(name) {
+                    self.send(sub, related);
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, sub: &mut Subscription, name: &str, even_if_not_held: bool) {
+        if sub.held.remove(name).is_some() || even_if_not_held {
+            self.removed.push(name.to_owned());
+        }
+    }
+
+    fn build(sub: &mut Subscription, view: &View, scope: Scope) -> Diff {
+        let mut diff = Diff::default();
+        // After a full comparison or a catch-up, a wildcard stream holds the view.
+        let holds_view = sub.wildcard && !matches!(scope, Scope::Requested(_));
+        match scope {
+            Scope::Everything if sub.wildcard => {
+                for entry in view.entries.values() {
+                    diff.send(sub, entry);
+                }
+                let gone: Vec<Arc<str>> = sub
+                    .held
+                    .keys()
+                    .filter(|name| !view.versions.contains_key(*name))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    diff.remove(sub, &name, false);
+                }
+            }
+            Scope::Everything => {
+                let names: Vec<Arc<str>> = sub.names.iter().cloned().collect();
+                diff.answer(sub, view, names);
+                // What the client said it held and does not follow is forgotten.
+                let followed = &sub.names;
+                sub.held.retain(|name, _| followed.contains(name));
+            }
+            Scope::Changed(names) => {
+                for name in names {
+                    if !sub.wants(&name) {
+                        continue;
+                    }
+                    match view.get(&name) {
+                        Some(entry) => diff.follow(sub, view, entry),
+                        None => diff.remove(sub, &name, false),
+                    }
+                }
+            }
+            Scope::Requested(names) => diff.answer(sub, view, names),
+        }
+        if holds_view {
+            sub.held = view.versions.clone();
+        }
+        diff
+    }
+
+    fn answer(&mut self, sub: &mut Subscription, view: &View, names: Vec<Arc<str>>) {
+        for name in names {
+            // Not a name: an on-demand key (`network/IP`) is answered with the
+            // resource it names, which the stream then follows.
+            match view.get(&name).or_else(|| view.resolve(&name)) {
+                Some(entry) => self.follow(sub, view, entry),
+                None => {
+                    // Not followed: asking again later asks again.
+                    sub.names.remove(&name);
+                    self.remove(sub, &name, true);
+                }
+            }
+        }
+    }
 }
 
 pub struct Connection {
@@ -165,34 +282,45 @@ impl Connection {
         for name in request.resource_names_subscribe {
             if name == "*" {
                 sub.wildcard = true;
-            } else if sub.names.insert(name.clone()) {
-                added.push(name.into());
+            } else {
+                let name: Arc<str> = name.into();
+                if sub.names.insert(name.clone()) {
+                    added.push(name);
+                }
             }
         }
         for name in request.resource_names_unsubscribe {
             if name == "*" {
                 sub.wildcard = false;
             } else {
-                sub.names.remove(&name);
+                sub.names.remove(&*name);
             }
         }
-        // The client forgets what it unsubscribed from.
-        sub.held
-            .retain(|held, _| sub.wildcard || sub.names.contains(&**held));
+        if !first {
+            // The client forgets what it unsubscribed from.
+            let (wildcard, names) = (sub.wildcard, &sub.names);
+            sub.held.retain(|held, _| wildcard || names.contains(held));
+        }
         let scope = if first {
             Scope::Everything
         } else {
-            Scope::Names(added)
+            Scope::Requested(added)
         };
+        let view = self.store.view(type_url);
         // The first request of a type is always answered, even with nothing: it is
         // what tells the client it is in sync.
-        self.push(type_url, scope, first, None, responses).await
+        self.push(type_url, &view, scope, first, None, responses)
+            .await
     }
 
     /// Brings every subscribed type up to date with the store.
     async fn push_changes(&mut self, responses: &Responses) -> Result<(), Gone> {
         let since = self.seen;
-        let (changes, generation) = self.store.changes_since(since);
+        let CatchUp {
+            changes,
+            generation,
+            views,
+        } = self.store.catch_up(since);
         self.seen = generation;
         let changed_at = self.store.published_at(since + 1);
         let types: Vec<&'static str> = self.subscriptions.keys().copied().collect();
@@ -200,11 +328,12 @@ impl Connection {
             let scope = match &changes {
                 Changes::Everything => Scope::Everything,
                 Changes::Names(names) => match names.get(type_url) {
-                    Some(names) => Scope::Names(names.iter().cloned().collect()),
+                    Some(names) => Scope::Changed(names.iter().cloned().collect()),
                     None => continue,
                 },
             };
-            self.push(type_url, scope, false, changed_at, responses)
+            let view = views.get(type_url).cloned().unwrap_or_default();
+            self.push(type_url, &view, scope, false, changed_at, responses)
                 .await?;
         }
         Ok(())
@@ -213,6 +342,7 @@ impl Connection {
     async fn push(
         &mut self,
         type_url: &'static str,
+        view: &View,
         scope: Scope,
         even_if_empty: bool,
         changed_at: Option<std::time::Instant>,
@@ -221,75 +351,19 @@ impl Connection {
         let Some(sub) = self.subscriptions.get_mut(type_url) else {
             return Ok(());
         };
-        let mut resources = Vec::new();
-        let mut removed = Vec::new();
-        let mut consider = |name: &Arc<str>, entry: Option<&Arc<Entry>>, sub: &mut Subscription| {
-            if !sub.wants(name) {
-                return;
-            }
-            match entry {
-                Some(entry) if sub.held.get(name) != Some(&entry.digest) => {
-                    sub.held.insert(entry.name.clone(), entry.digest);
-                    let mut r = resource(&**name, entry.version(), entry.body.clone());
-                    if !sub.wildcard {
-                        // An on-demand client learns which of its keys this answers.
-                        r.aliases = entry.aliases.clone();
-                    }
-                    resources.push(r);
-                }
-                Some(_) => {}
-                None => {
-                    if sub.held.remove(name).is_some() {
-                        removed.push(name.to_string());
-                    }
-                }
-            }
-        };
-        match scope {
-            Scope::Everything => {
-                let current = self.store.all(type_url);
-                let gone: Vec<Arc<str>> = sub
-                    .held
-                    .keys()
-                    .filter(|name| !current.contains_key(*name))
-                    .cloned()
-                    .collect();
-                for (name, entry) in &current {
-                    consider(name, Some(entry), sub);
-                }
-                for name in &gone {
-                    consider(name, None, sub);
-                }
-            }
-            Scope::Names(names) => {
-                for name in &names {
-                    match self.store.get(type_url, name) {
-                        Some(entry) => consider(name, Some(&entry), sub),
-                        // Not a name: an on-demand key (`network/IP`) is answered with
-                        // the resource it names, which the stream then follows.
-                        None => match self.store.resolve(type_url, name) {
-                            Some(entry) => {
-                                sub.names.insert(entry.name.to_string());
-                                consider(&entry.name, Some(&entry), sub);
-                            }
-                            None => consider(name, None, sub),
-                        },
-                    }
-                }
-            }
-        }
-        if resources.is_empty() && removed.is_empty() && !even_if_empty {
+        let diff = Diff::build(sub, view, scope);
+        if diff.is_empty() && !even_if_empty {
             return Ok(());
         }
         self.nonces += 1;
         let nonce = format!("{:x}", self.nonces);
         let generation = self.seen;
-        let (sent, gone) = (resources.len(), removed.len());
+        let (sent, gone) = (diff.resources.len(), diff.removed.len());
         let response = DeltaDiscoveryResponse {
             system_version_info: generation.to_string(),
             type_url: type_url.to_owned(),
-            resources,
-            removed_resources: removed,
+            resources: diff.resources,
+            removed_resources: diff.removed,
             nonce: nonce.clone(),
             ..Default::default()
         };

@@ -11,6 +11,7 @@
 
 pub mod connection;
 pub mod debug;
+pub mod grpc;
 pub mod metrics;
 pub mod status;
 pub mod store;

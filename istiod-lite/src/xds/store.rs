@@ -6,11 +6,14 @@
 //! replica (and a restarted one) gives the same resource the same version, and a
 //! reconnecting ztunnel's `initial_resource_versions` match without a resend.
 //!
+//! Each type's set is a pair of persistent maps ([`View`]): a stream reads a consistent
+//! view in O(1) and keeps what it sent as a clone of the versions, sharing their nodes.
+//!
 //! Each publish that changes something bumps the generation and logs the changed
 //! names, so a stream catches up by reading only those names; a stream that fell
 //! further behind than the log reaches compares everything instead.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -21,8 +24,7 @@ use tokio::sync::watch;
 /// How many changes the log keeps for streams catching up.
 const LOG_LIMIT: usize = 100_000;
 
-/// One resource as served. Names are shared with every stream that holds them: a
-/// stream's bookkeeping is a pointer and a digest per resource, not two strings.
+/// One resource as served. Names are shared with every stream that holds them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub name: Arc<str>,
@@ -31,14 +33,18 @@ pub struct Entry {
     pub body: Any,
     /// Other keys it is found by: `network/IP` for an Address (Istio's on-demand keys).
     pub aliases: Vec<String>,
+    /// What an on-demand client asking for this resource needs with it: a Service's
+    /// endpoint workloads, without which its VIP cannot be routed.
+    pub related: Vec<Arc<str>>,
 }
 
 /// What the model publishes of one resource.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Published {
     pub name: String,
     pub body: Any,
     pub aliases: Vec<String>,
+    pub related: Vec<String>,
 }
 
 impl From<(String, Any)> for Published {
@@ -46,7 +52,7 @@ impl From<(String, Any)> for Published {
         Published {
             name,
             body,
-            aliases: Vec::new(),
+            ..Default::default()
         }
     }
 }
@@ -63,6 +69,31 @@ pub fn parse_version(text: &str) -> Option<u64> {
     (text.len() == 16).then(|| u64::from_str_radix(text, 16).ok())?
 }
 
+/// Name -> version of a set of resources. A persistent map: a clone is O(1) and
+/// shares its nodes, so the store's versions and what each of 500 streams holds
+/// (mostly the same) cost one copy, not 500.
+pub type Versions = imbl::HashMap<Arc<str>, u64>;
+
+/// One type's resources at one moment, consistent and cheap to clone.
+#[derive(Clone, Default)]
+pub struct View {
+    pub entries: imbl::OrdMap<Arc<str>, Arc<Entry>>,
+    pub versions: Versions,
+    /// alias -> name.
+    aliases: Arc<HashMap<String, Arc<str>>>,
+}
+
+impl View {
+    pub fn get(&self, name: &str) -> Option<&Arc<Entry>> {
+        self.entries.get(name)
+    }
+
+    /// The resource `alias` (e.g. `/10.0.0.1`) names, for an on-demand lookup.
+    pub fn resolve(&self, alias: &str) -> Option<&Arc<Entry>> {
+        self.entries.get(self.aliases.get(alias)?)
+    }
+}
+
 /// What changed since a generation: exact names, or "compare everything".
 #[derive(Debug, PartialEq, Eq)]
 pub enum Changes {
@@ -70,11 +101,17 @@ pub enum Changes {
     Everything,
 }
 
+/// A stream catching up: what changed since its generation, and the views those
+/// changes bring it to, read together so they agree.
+pub struct CatchUp {
+    pub changes: Changes,
+    pub generation: u64,
+    pub views: BTreeMap<&'static str, View>,
+}
+
 #[derive(Default)]
 struct Inner {
-    resources: BTreeMap<&'static str, BTreeMap<Arc<str>, Arc<Entry>>>,
-    /// type URL -> alias -> name.
-    aliases: BTreeMap<&'static str, HashMap<String, Arc<str>>>,
+    resources: BTreeMap<&'static str, View>,
     /// (generation, type, name) of every change, oldest first.
     log: VecDeque<(u64, &'static str, Arc<str>)>,
     generation: u64,
@@ -122,37 +159,58 @@ impl ResourceStore {
     ) -> usize {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         let generation = inner.generation + 1;
-        let current = inner.resources.remove(type_url).unwrap_or_default();
-        let mut next = BTreeMap::new();
+        let current = inner.resources.get(type_url).cloned().unwrap_or_default();
+        // Start from the current maps: what did not change keeps its (shared) nodes.
+        let mut next = current.clone();
         let mut aliases = HashMap::new();
+        let mut present = HashSet::new();
         let mut changed = Vec::new();
         for published in resources {
             let Published {
                 name,
                 body,
                 aliases: keys,
+                related,
             } = published.into();
-            let entry = match current.get(name.as_str()) {
-                Some(old) if old.body == body && old.aliases == keys => old.clone(),
+            let entry = match current.entries.get(name.as_str()) {
+                Some(old)
+                    if old.body == body
+                        && old.aliases == keys
+                        && old
+                            .related
+                            .iter()
+                            .map(|r| &**r)
+                            .eq(related.iter().map(String::as_str)) =>
+                {
+                    old.clone()
+                }
                 _ => {
                     let name: Arc<str> = name.into();
                     changed.push(name.clone());
-                    Arc::new(Entry {
-                        name,
+                    let entry = Arc::new(Entry {
+                        name: name.clone(),
                         digest: version_of(&body),
                         body,
                         aliases: keys,
-                    })
+                        related: related.into_iter().map(Arc::from).collect(),
+                    });
+                    next.versions.insert(name.clone(), entry.digest);
+                    next.entries.insert(name, entry.clone());
+                    entry
                 }
             };
             for alias in &entry.aliases {
                 aliases.insert(alias.clone(), entry.name.clone());
             }
-            next.insert(entry.name.clone(), entry);
+            present.insert(entry.name.clone());
         }
-        changed.extend(current.into_keys().filter(|name| !next.contains_key(name)));
+        for name in current.entries.keys().filter(|n| !present.contains(*n)) {
+            next.entries.remove(name);
+            next.versions.remove(name);
+            changed.push(name.clone());
+        }
+        next.aliases = Arc::new(aliases);
         inner.resources.insert(type_url, next);
-        inner.aliases.insert(type_url, aliases);
         if changed.is_empty() {
             return 0;
         }
@@ -185,20 +243,34 @@ impl ResourceStore {
     /// the caller up to.
     pub fn changes_since(&self, since: u64) -> (Changes, u64) {
         let inner = self.read();
+        (Self::changes(&inner, since), inner.generation)
+    }
+
+    /// What changed after `since`, with the views of every type as of now.
+    pub fn catch_up(&self, since: u64) -> CatchUp {
+        let inner = self.read();
+        CatchUp {
+            changes: Self::changes(&inner, since),
+            generation: inner.generation,
+            views: inner.resources.clone(),
+        }
+    }
+
+    fn changes(inner: &Inner, since: u64) -> Changes {
         let behind = match inner.log.front() {
             // The log starts after `since + 1`: some changes were dropped.
             Some((oldest, _, _)) => *oldest > since + 1,
             None => inner.generation > since,
         };
         if behind {
-            return (Changes::Everything, inner.generation);
+            return Changes::Everything;
         }
         let mut names: BTreeMap<&'static str, BTreeSet<Arc<str>>> = BTreeMap::new();
         let start = inner.log.partition_point(|(g, _, _)| *g <= since);
         for (_, type_url, name) in inner.log.range(start..) {
             names.entry(type_url).or_default().insert(name.clone());
         }
-        (Changes::Names(names), inner.generation)
+        Changes::Names(names)
     }
 
     /// When generation `generation` (or the first one after it) was published.
@@ -208,19 +280,8 @@ impl ResourceStore {
         inner.published.get(i).map(|(_, at)| *at)
     }
 
-    pub fn get(&self, type_url: &str, name: &str) -> Option<Arc<Entry>> {
-        self.read().resources.get(type_url)?.get(name).cloned()
-    }
-
-    /// The resource `alias` (e.g. `/10.0.0.1`) names, for an on-demand lookup.
-    pub fn resolve(&self, type_url: &str, alias: &str) -> Option<Arc<Entry>> {
-        let inner = self.read();
-        let name = inner.aliases.get(type_url)?.get(alias)?;
-        inner.resources.get(type_url)?.get(name).cloned()
-    }
-
-    /// Every resource of `type_url`, by name.
-    pub fn all(&self, type_url: &str) -> BTreeMap<Arc<str>, Arc<Entry>> {
+    /// Every resource of `type_url` as of now.
+    pub fn view(&self, type_url: &str) -> View {
         self.read()
             .resources
             .get(type_url)
@@ -228,8 +289,25 @@ impl ResourceStore {
             .unwrap_or_default()
     }
 
+    pub fn get(&self, type_url: &str, name: &str) -> Option<Arc<Entry>> {
+        self.read().resources.get(type_url)?.get(name).cloned()
+    }
+
+    /// The resource `alias` names, for an on-demand lookup.
+    pub fn resolve(&self, type_url: &str, alias: &str) -> Option<Arc<Entry>> {
+        self.read().resources.get(type_url)?.resolve(alias).cloned()
+    }
+
+    /// Every resource of `type_url`, by name.
+    pub fn all(&self, type_url: &str) -> imbl::OrdMap<Arc<str>, Arc<Entry>> {
+        self.view(type_url).entries
+    }
+
     pub fn len(&self, type_url: &str) -> usize {
-        self.read().resources.get(type_url).map_or(0, BTreeMap::len)
+        self.read()
+            .resources
+            .get(type_url)
+            .map_or(0, |v| v.entries.len())
     }
 }
 

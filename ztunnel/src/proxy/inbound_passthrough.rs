@@ -56,6 +56,11 @@ impl InboundPassthrough {
             return;
         }
         let state = &self.inputs.state;
+        // On demand, what the state misses of either end is asked for first.
+        tokio::join!(
+            state.fetch_address(target.ip()),
+            state.fetch_address(peer.ip())
+        );
         let Some(dst) = state
             .workload_by_ip(target.ip())
             .filter(|w| self.inputs.local.is(w))

@@ -117,6 +117,12 @@ impl Outbound {
     async fn proxy(&self, client: TcpStream, peer: SocketAddr, orig_dst: SocketAddr) {
         let metrics = &self.inputs.metrics;
         let listener = client.local_addr().ok().map(socket::to_canonical);
+        // On demand, what the state misses of either end is asked for first.
+        let state = &self.inputs.state;
+        tokio::join!(
+            state.fetch_address(orig_dst.ip()),
+            state.fetch_address(peer.ip())
+        );
         if self.is_self_call(orig_dst, listener) {
             warn!(dst = %orig_dst, "refusing connection to a ztunnel port (loop)");
             metrics.error("self_call_outbound");

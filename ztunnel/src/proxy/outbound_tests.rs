@@ -153,6 +153,49 @@ async fn destinations_outside_the_mesh_or_without_hbone_pass_through_as_plain_tc
     );
 }
 
+/// `XDS_ON_DEMAND`: a destination the state misses is asked for, and routed with
+/// the answer (here a plain-TCP workload, so the labels name it).
+#[tokio::test]
+async fn on_demand_a_missed_destination_is_fetched_before_it_is_routed() {
+    let legacy = echo_server("127.0.0.3").await;
+    let outbound = outbound(&format!("workloads:{CLIENT}"));
+    let state = outbound.inputs.state.clone();
+    let (demand, mut lookups) = crate::state::demand::Demand::new(String::new());
+    state.enable_on_demand(demand);
+    let source = state.clone();
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keys = asked.clone();
+    // The control plane's part: answers every lookup, knows only 127.0.0.3.
+    tokio::spawn(async move {
+        while let Some((key, waiter)) = lookups.next().await {
+            if key == "/127.0.0.3" {
+                let answer = crate::discovery::local::parse_local_config(
+                    r#"workloads:
+- uid: Kubernetes//Pod/test/legacy
+  name: legacy
+  namespace: test
+  serviceAccount: legacy
+  workloadIps: ["127.0.0.3"]
+  protocol: TCP
+"#,
+                )
+                .unwrap();
+                source.replace_source("xds", answer);
+            }
+            keys.lock().unwrap().push(key);
+            let _ = waiter.send(());
+        }
+    });
+    let metrics = outbound.inputs.metrics.clone();
+    let (mut app, task) = redirect(&outbound, legacy).await;
+    round_trip(&mut app, b"plain bytes").await;
+    drop(app);
+    finished(task).await;
+    assert!(asked.lock().unwrap().contains(&"/127.0.0.3".to_string()));
+    let labels = ["destination_workload=\"legacy\""];
+    assert_eq!(connections(&metrics, OPENED, &labels), 1);
+}
+
 #[tokio::test]
 async fn a_service_vip_goes_to_a_healthy_endpoint_on_its_target_port() {
     let healthy = echo_server("127.0.0.4").await;

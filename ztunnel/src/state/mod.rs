@@ -5,11 +5,12 @@
 //! snapshot and swaps it in atomically. Readers (every connection) clone an `Arc` under a
 //! short read lock and never wait for a rebuild.
 
+pub mod demand;
 mod snapshot;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use tokio::sync::watch;
 
@@ -21,6 +22,8 @@ pub use mesh_model::{
     Workload,
 };
 pub use snapshot::ProxyState;
+
+use demand::Demand;
 
 /// Cheap-to-clone handle on the current merged state.
 #[derive(Clone)]
@@ -35,6 +38,8 @@ struct Inner {
     /// order, so on a key collision the later name wins ("local" overrides "kubernetes").
     sources: Mutex<BTreeMap<String, Arc<ProxyState>>>,
     generation: watch::Sender<u64>,
+    /// Set when the source answers lookups on demand (`XDS_ON_DEMAND`).
+    demand: OnceLock<Demand>,
 }
 
 impl Default for StateStore {
@@ -62,6 +67,7 @@ impl StateStore {
                 current: RwLock::new(Arc::new(ProxyState::default())),
                 sources: Mutex::new(BTreeMap::new()),
                 generation: watch::Sender::new(0),
+                demand: OnceLock::new(),
             }),
         }
     }
@@ -101,6 +107,26 @@ impl StateStore {
             .write()
             .unwrap_or_else(|e| e.into_inner()) = merged;
         self.inner.generation.send_modify(|g| *g += 1);
+    }
+
+    /// From now on, an address the state misses is asked for through `demand`.
+    pub fn enable_on_demand(&self, demand: Demand) {
+        let _ = self.inner.demand.set(demand);
+    }
+
+    /// With on-demand discovery, makes sure the state has what it knows of `ip`: if
+    /// neither a workload nor a Service VIP has it, asks for it and waits for the
+    /// answer. Call before the lookups of a new connection; without on-demand it
+    /// returns at once.
+    pub async fn fetch_address(&self, ip: IpAddr) {
+        let Some(demand) = self.inner.demand.get() else {
+            return;
+        };
+        let state = self.snapshot();
+        if state.workload_by_ip(ip).is_some() || state.service_by_vip(ip).is_some() {
+            return;
+        }
+        demand.fetch(demand.key(ip)).await;
     }
 
     /// The current merged snapshot; use it when several lookups must agree.

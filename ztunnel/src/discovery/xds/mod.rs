@@ -2,13 +2,15 @@
 //! istiod-lite) over Istio's delta ADS, as Istio's ztunnel gets them.
 //!
 //! One `DeltaAggregatedResources` stream carries both types, `istio.workload.Address`
-//! and `istio.security.Authorization`, as wildcard subscriptions. Each response is
+//! and `istio.security.Authorization`, as wildcard subscriptions; or, with
+//! `XDS_ON_DEMAND`, Addresses only as connections look them up ([`demand`]). Each response is
 //! applied resource by resource: the valid ones go into the state, the invalid ones are
 //! NACKed by name and leave the previous version in place. The held state is published
 //! as the StateStore source "xds" after every response, and kept (and served) while
 //! the stream is down; a reconnect names every held resource with its version
 //! (`initial_resource_versions`) so istiod sends only what changed meanwhile.
 
+mod demand;
 pub mod metrics;
 mod resources;
 mod stream;
@@ -25,6 +27,7 @@ pub use resources::{ResourceError, Resources};
 use crate::control_plane::{ControlPlane, ControlPlaneConfig, ControlPlaneError};
 use crate::discovery::FirstSync;
 use crate::readiness::BlockReady;
+use crate::state::demand::Demand;
 use crate::state::StateStore;
 
 /// Name of this source in the [`StateStore`].
@@ -83,6 +86,8 @@ pub struct XdsConfig {
     /// `XDS_ADDRESS`, `XDS_ROOT_CA`, `ALT_XDS_HOSTNAME`, `XDS_HEADER_*`, `AUTH_TOKEN`.
     pub control_plane: ControlPlaneConfig,
     pub node: NodeIdentity,
+    /// `XDS_ON_DEMAND`: Some(this ztunnel's `NETWORK`), the network of the keys.
+    pub on_demand: Option<String>,
 }
 
 /// Starts the client; it runs, reconnecting, until `cancel` fires. `ready` is
@@ -96,12 +101,18 @@ pub fn start(
 ) -> Result<FirstSync, ControlPlaneError> {
     let control_plane = ControlPlane::new(&config.control_plane)?;
     let (synced_tx, synced) = watch::channel(false);
+    let lookups = config.on_demand.map(|network| {
+        let (demand, lookups) = Demand::new(network);
+        state.enable_on_demand(demand);
+        lookups
+    });
     tokio::spawn(stream::run(
         stream::Client {
             control_plane,
             node: config.node.to_node(),
             state,
             metrics,
+            lookups,
         },
         ready,
         synced_tx,

@@ -7,19 +7,22 @@ use std::time::Duration;
 
 use prost::Message;
 use shared_types::istio::xds::{
-    AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest, Node, Status,
+    AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest, DeltaDiscoveryResponse, Node, Status,
+    ADDRESS_TYPE_URL,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::demand::Pending;
 use super::metrics::{TerminationLabels, XdsMetrics};
 use super::resources::{Resources, TYPES};
 use super::SOURCE;
 use crate::control_plane::ControlPlane;
 use crate::discovery::waypoints::{self, WaypointWarnings};
 use crate::readiness::BlockReady;
+use crate::state::demand::Lookups;
 use crate::state::StateStore;
 
 /// Istio's ztunnel: 10 ms, doubling up to 15 s.
@@ -27,12 +30,22 @@ const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(15);
 /// A full push for a large cluster is bigger than gRPC's default 4 MiB.
 const MAX_MESSAGE_BYTES: usize = 256 << 20;
+/// Requests queued for the gRPC stream: the subscriptions, then ACKs and lookups.
+const REQUEST_QUEUE: usize = 64;
 
 pub struct Client {
     pub control_plane: ControlPlane,
     pub node: Node,
     pub state: StateStore,
     pub metrics: Arc<XdsMetrics>,
+    /// On-demand Address lookups (`XDS_ON_DEMAND`); None: a wildcard subscription.
+    pub lookups: Option<Lookups>,
+}
+
+/// What the session loop waits for.
+enum Event {
+    Response(Result<Option<DeltaDiscoveryResponse>, tonic::Status>),
+    Lookup(String, oneshot::Sender<()>),
 }
 
 /// How one stream ended.
@@ -46,19 +59,20 @@ enum Ended {
 }
 
 pub async fn run(
-    client: Client,
+    mut client: Client,
     ready: Option<BlockReady>,
     synced: watch::Sender<bool>,
     cancel: CancellationToken,
 ) {
     let mut resources = Resources::default();
+    let mut pending = Pending::default();
     let mut waypoints = WaypointWarnings::default();
     let mut ready = ready;
     let mut backoff = BACKOFF_MIN;
     loop {
         let ended = tokio::select! {
             _ = cancel.cancelled() => break,
-            ended = client.session(&mut resources, &mut waypoints, &mut ready, &synced) => ended,
+            ended = client.session(&mut resources, &mut pending, &mut waypoints, &mut ready, &synced) => ended,
         };
         let (reason, got_responses) = match &ended {
             Ended::NotOpened(error) => {
@@ -93,22 +107,33 @@ pub async fn run(
 
 impl Client {
     async fn session(
-        &self,
+        &mut self,
         resources: &mut Resources,
+        pending: &mut Pending,
         waypoints: &mut WaypointWarnings,
         ready: &mut Option<BlockReady>,
         synced: &watch::Sender<bool>,
     ) -> Ended {
         // Both subscriptions are queued before the call, so they are the stream's first
-        // messages; the channel never holds more than them plus one ACK.
-        let (requests, rx) = mpsc::channel(TYPES.len() + 1);
+        // messages; after them come ACKs and lookups, each sent as the loop gets to it.
+        let (requests, rx) = mpsc::channel(REQUEST_QUEUE);
         for type_url in TYPES {
-            let subscribe = DeltaDiscoveryRequest {
+            let initial_resource_versions = resources.versions(type_url);
+            let mut subscribe = DeltaDiscoveryRequest {
                 node: Some(self.node.clone()),
                 type_url: type_url.to_owned(),
-                initial_resource_versions: resources.versions(type_url),
                 ..Default::default()
             };
+            if self.lookups.is_some() && type_url == ADDRESS_TYPE_URL {
+                // On demand: `*` in and out is "nothing yet"; after a reconnect, what
+                // was followed and what is still being looked up.
+                subscribe.resource_names_subscribe = std::iter::once("*".to_owned())
+                    .chain(initial_resource_versions.keys().cloned())
+                    .chain(pending.keys().cloned())
+                    .collect();
+                subscribe.resource_names_unsubscribe = vec!["*".to_owned()];
+            }
+            subscribe.initial_resource_versions = initial_resource_versions;
             // Cannot fail: the channel has room and its receiver is held above.
             let _ = requests.try_send(subscribe);
         }
@@ -127,7 +152,31 @@ impl Client {
         let mut acked: HashSet<String> = HashSet::new();
         let mut count = 0;
         loop {
-            let response = match responses.message().await {
+            let event = tokio::select! {
+                response = responses.message() => Event::Response(response),
+                Some((key, waiter)) = next_lookup(&mut self.lookups) => Event::Lookup(key, waiter),
+            };
+            let response = match event {
+                Event::Lookup(key, waiter) => {
+                    if pending.add(key.clone(), waiter) {
+                        debug!(%key, "on-demand lookup");
+                        let lookup = DeltaDiscoveryRequest {
+                            type_url: ADDRESS_TYPE_URL.to_owned(),
+                            resource_names_subscribe: vec![key],
+                            ..Default::default()
+                        };
+                        if requests.send(lookup).await.is_err() {
+                            return Ended::Broken {
+                                responses: count,
+                                error: "the request stream closed".into(),
+                            };
+                        }
+                    }
+                    continue;
+                }
+                Event::Response(response) => response,
+            };
+            let response = match response {
                 Ok(Some(response)) => response,
                 Ok(None) => return Ended::Closed { responses: count },
                 Err(status) => {
@@ -154,8 +203,14 @@ impl Client {
                 .inc_by(bytes as u64);
             let (added, removed) = (response.resources.len(), response.removed_resources.len());
 
+            let answered = if type_url == ADDRESS_TYPE_URL {
+                Pending::answered_by(&response)
+            } else {
+                Vec::new()
+            };
             let errors = resources.apply(response);
             self.state.replace_source(SOURCE, resources.state().clone());
+            pending.answer(&answered);
             waypoints.report(SOURCE, waypoints::bound_in(resources.state()));
             let error_detail = (!errors.is_empty()).then(|| {
                 let message = errors
@@ -195,6 +250,20 @@ impl Client {
                 synced.send_replace(true);
             }
         }
+    }
+}
+
+/// The next lookup to send; never, without on-demand (or once its senders are gone).
+async fn next_lookup(lookups: &mut Option<Lookups>) -> Option<(String, oneshot::Sender<()>)> {
+    match lookups {
+        Some(l) => match l.next().await {
+            Some(lookup) => Some(lookup),
+            None => {
+                *lookups = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
     }
 }
 
