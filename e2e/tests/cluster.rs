@@ -845,3 +845,105 @@ fn proxy_status_shows_every_ztunnel_synced_over_xds() {
     assert!(table.starts_with("NAME"), "{table}");
     assert_eq!(table.matches("SYNCED").count(), 4, "{table}");
 }
+
+/// Whether a JSON dump (ztunnel's `/config_dump`, or the control plane's view) holds
+/// an HBONE workload at `ip`.
+fn has_hbone_workload(dump: &serde_json::Value, ip: &str) -> bool {
+    dump["workloads"].as_array().is_some_and(|all| {
+        all.iter().any(|w| {
+            w["protocol"] == "HBONE"
+                && w["workloadIps"]
+                    .as_array()
+                    .is_some_and(|ips| ips.iter().any(|i| i == ip))
+        })
+    })
+}
+
+/// `XDS_ON_DEMAND` ztunnels: each learns only the addresses its pods' connections
+/// name, fetched from istiod-lite when the connection starts, and carries them over
+/// HBONE with both identities, across nodes and through a Service VIP.
+#[test]
+fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = LocalCluster::start("ond").unwrap();
+    for node in [1u8, 2] {
+        let n = c.node_mut(node);
+        n.ztunnel_env.push(("XDS_ON_DEMAND".into(), "true".into()));
+        n.stop_ztunnel();
+        n.start_ztunnel().unwrap();
+    }
+    c.create_namespace("m", &[AMBIENT]).unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    let mut ips = Vec::new();
+    for (name, node, labels, argv) in [
+        ("server", 2, &[("app", "server")][..], sink(9000)),
+        ("bystander", 2, &[][..], sink(9000)),
+        (
+            "client",
+            1,
+            &[][..],
+            IDLE.iter().map(|s| s.to_string()).collect(),
+        ),
+    ] {
+        c.create_pod("m", name, node, name, labels, &args(&argv))
+            .unwrap();
+        ips.push(c.wait_pod_running("m", name, T).unwrap().ip);
+        c.wait_redirection("m", name, Some("enabled"), T).unwrap();
+    }
+    let (server, bystander) = (ips[0].clone(), ips[1].clone());
+    let from_control_plane = [
+        "ztunnel-config",
+        "all",
+        "--from-control-plane",
+        "--xds-address",
+        e2e::cluster::ISTIOD_ADDR,
+        "--xds-san",
+        "istiod.istio-system.svc",
+        "-o",
+        "json",
+    ];
+    wait_for("istiod-lite to serve the server as HBONE", T, || {
+        let dump = c.istioctl(&from_control_plane).ok()?;
+        let dump: serde_json::Value = serde_json::from_str(&dump).ok()?;
+        has_hbone_workload(&dump, &server).then_some(())
+    })
+    .unwrap();
+    let node_dump = |node: u8| -> serde_json::Value {
+        let dump =
+            e2e::mesh::http_get(&c.node(node).ns, "http://127.0.0.1:15000/config_dump").unwrap();
+        serde_json::from_str(&dump).unwrap()
+    };
+    assert!(
+        !has_hbone_workload(&node_dump(1), &server),
+        "node-1's ztunnel knows the server before any connection"
+    );
+
+    send_ok(&c, "m", "client", &format!("{server}:9000"), 20_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 20_000.0);
+    let dump = node_dump(1);
+    assert!(has_hbone_workload(&dump, &server), "{dump}");
+    assert!(
+        !has_hbone_workload(&dump, &bystander),
+        "node-1's ztunnel fetched a pod nobody connected to: {dump}"
+    );
+
+    // A Service VIP comes with its endpoints.
+    let svc = e2e::cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
+    let svc = c.api().post("/api/v1/namespaces/m/services", &svc).unwrap();
+    let vip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
+    wait_for("istiod-lite to serve the Service", T, || {
+        let dump = c.istioctl(&from_control_plane).ok()?;
+        let dump: serde_json::Value = serde_json::from_str(&dump).ok()?;
+        dump["services"]
+            .as_array()?
+            .iter()
+            .any(|s| s["vips"].to_string().contains(&vip))
+            .then_some(())
+    })
+    .unwrap();
+    send_ok(&c, "m", "client", &format!("{vip}:80"), 5_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 25_000.0);
+}
