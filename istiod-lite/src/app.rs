@@ -16,7 +16,7 @@ use crate::ca::authz::{node_accounts, NodeAuthorizer};
 use crate::ca::CaService;
 use crate::config::Config;
 use crate::kube::pods::{watch_pods, PodIndex};
-use crate::kube::root_publisher;
+use crate::kube::{leader, root_publisher};
 use crate::metrics::Metrics;
 use crate::model;
 use crate::ops::{self, Ready};
@@ -81,9 +81,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let pods = PodIndex::default();
     tokio::spawn(watch_pods(client.clone(), pods.clone(), shutdown.clone()));
-    tokio::spawn(root_publisher::run(
+    // Work for one replica at a time: the root ConfigMap in every namespace.
+    let leading = leader::start(
+        client.clone(),
+        leader::Settings {
+            namespace: config.namespace.clone(),
+            lease_name: leader::NAMESPACE_CONTROLLER_LEASE.into(),
+            identity: leader::identity(&config.pod_name),
+            lease_duration: config.leader_lease_duration,
+        },
+        shutdown.clone(),
+    );
+    tokio::spawn(root_publisher::run_while_leading(
         client.clone(),
         ca.roots_pem(),
+        leading,
         shutdown.clone(),
     ));
 

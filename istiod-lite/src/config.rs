@@ -64,6 +64,13 @@ pub struct Config {
     /// Readiness (`/ready`), as istiod's.
     #[arg(long, env = "READY_ADDR", default_value = "0.0.0.0:8080")]
     pub ready_addr: SocketAddr,
+    /// This replica's pod (downward API): its identity in leader elections.
+    #[arg(long, env = "POD_NAME", default_value = "istiod")]
+    pub pod_name: String,
+    /// How long a leader that stopped renewing keeps its Lease (client-go's 15 s);
+    /// it renews every 2/15 of it.
+    #[arg(long, env = "LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_lease_duration: Duration,
 }
 
 impl Config {

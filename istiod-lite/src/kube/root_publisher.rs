@@ -1,6 +1,7 @@
 //! Publishes the mesh root as ConfigMap `istio-ca-root-cert` (key `root-cert.pem`)
 //! in every namespace, as istiod does, and puts it back when someone deletes or
-//! edits it. Workloads and ztunnel mount it to verify istiod and each other.
+//! edits it. Workloads and ztunnel mount it to verify istiod and each other. Only the
+//! leader among istiod's replicas does this.
 
 use std::collections::BTreeMap;
 
@@ -10,11 +11,32 @@ use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
 pub const ROOT_KEY: &str = "root-cert.pem";
 const FIELD_MANAGER: &str = "istiod-lite";
+
+/// Publishes while this replica leads (see [`super::leader`]), and stops as soon as
+/// it does not: two replicas never fight over the ConfigMaps.
+pub async fn run_while_leading(
+    client: Client,
+    root_pem: String,
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        if leading.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        let stop = shutdown.child_token();
+        tokio::select! {
+            () = run(client.clone(), root_pem.clone(), stop.clone()) => return,
+            _ = leading.wait_for(|l| !*l) => stop.cancel(),
+        }
+    }
+}
 
 /// Watches namespaces and the root ConfigMaps; writes only where the content differs.
 pub async fn run(client: Client, root_pem: String, shutdown: CancellationToken) {
