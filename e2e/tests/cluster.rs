@@ -947,3 +947,110 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
     send_ok(&c, "m", "client", &format!("{vip}:80"), 5_000);
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 25_000.0);
 }
+
+/// Two istiod-lite replicas behind istiod's Service: killing the one the ztunnels
+/// stream from moves them to the other within their backoff; traffic and new
+/// connections go on, a pod created during the failover gets its certificate and is
+/// reachable, and no ztunnel stops being ready.
+#[test]
+fn ztunnels_fail_over_to_the_other_istiod_replica() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = LocalCluster::with_istiod_replicas("rep", 2).unwrap();
+    c.create_namespace("m", &[AMBIENT]).unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    send_ok(&c, "m", "client", &format!("{server}:9000"), 1_000);
+    let streams = |c: &LocalCluster, replica: usize| {
+        metric_sum(
+            &c.control_plane
+                .istiod_replica_metrics(replica)
+                .unwrap_or_default(),
+            "pilot_xds",
+            &[],
+        )
+    };
+    wait_for("both ztunnels streaming from a replica", T, || {
+        (streams(&c, 0) + streams(&c, 1) == 2.0).then_some(())
+    })
+    .unwrap();
+    let victim = if streams(&c, 0) >= 1.0 { 0 } else { 1 };
+    let survivor = 1 - victim;
+
+    c.control_plane.kill_istiod_replica(victim);
+    c.create_pod("m", "late", 2, "late", &[], &args(&sink(9000)))
+        .unwrap();
+    wait_for("both ztunnels streaming from the survivor", T, || {
+        for node in [1u8, 2] {
+            assert!(
+                c.node(node).ztunnel_ready(),
+                "node {node}'s ztunnel went unready during the failover"
+            );
+        }
+        (streams(&c, survivor) == 2.0).then_some(())
+    })
+    .unwrap();
+
+    let late = c.wait_pod_running("m", "late", T).unwrap().ip;
+    c.wait_redirection("m", "late", Some("enabled"), T).unwrap();
+    for node in [1u8, 2] {
+        c.wait_ztunnel_sees_hbone(node, &late, T).unwrap();
+    }
+    send_ok(&c, "m", "client", &format!("{late}:9000"), 7_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "late"), 7_000.0);
+    send_ok(&c, "m", "client", &format!("{server}:9000"), 2_000);
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 3_000.0);
+}
+
+/// A rolling update of istiod-lite (each replica stopped as a pod is, then started
+/// again, one at a time) under traffic: the long-lived connection never breaks, new
+/// connections keep working after each step, and no ztunnel goes unready.
+#[test]
+fn a_rolling_update_of_istiod_loses_no_connection() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = LocalCluster::with_istiod_replicas("rol", 2).unwrap();
+    c.create_namespace("m", &[AMBIENT]).unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    let echo = ["e2e-app", "echo", "--listen", "0.0.0.0:9001"];
+    let server = ambient_pod(&c, "server", 2, "server", &[], &echo);
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    let target = format!("{server}:9001");
+    let mut ping = c
+        .spawn_in_pod(
+            "m",
+            "client",
+            &[
+                "e2e-app",
+                "ping",
+                "--connect",
+                &target,
+                "--count",
+                "60",
+                "--interval-ms",
+                "100",
+            ],
+        )
+        .unwrap();
+    let once = ["e2e-app", "ping", "--connect", &target, "--count", "1"];
+    for replica in 0..2 {
+        c.control_plane.stop_istiod_replica(replica);
+        c.control_plane.start_istiod_replica(replica).unwrap();
+        for node in [1u8, 2] {
+            assert!(
+                c.node(node).ztunnel_ready(),
+                "node {node}'s ztunnel is not ready"
+            );
+        }
+        c.exec_in_pod("m", "client", &once)
+            .unwrap_or_else(|e| panic!("a new connection after restarting istiod-{replica}: {e}"));
+    }
+    let status = ping.wait_timeout(T).expect("ping finished");
+    assert!(status.success(), "the connection broke: {}", ping.log());
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 62.0 * 64.0);
+}

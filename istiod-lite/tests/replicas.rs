@@ -74,7 +74,10 @@ async fn exactly_one_candidate_leads_and_a_released_lease_is_taken_over() {
             .map(|(n, _, _)| n.clone())
             .collect()
     };
-    eventually("a leader", WAIT, || async { leaders(&candidates).len() == 1 }).await;
+    eventually("a leader", WAIT, || async {
+        leaders(&candidates).len() == 1
+    })
+    .await;
     // Over several renewals, never two.
     for _ in 0..40 {
         let now = leaders(&candidates);
@@ -121,7 +124,11 @@ fn http_ok(url: &str) -> Option<()> {
     let (addr, path) = rest.split_once('/')?;
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     use std::io::{Read, Write};
-    write!(s, "GET /{path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET /{path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     text.starts_with("HTTP/1.1 200").then_some(())
@@ -145,10 +152,12 @@ async fn replica(pod: &str, dir: &std::path::Path, kubeconfig: &std::path::Path)
     let guard = ChildGuard::spawn(&format!("istiod-lite-{pod}-{grpc}"), cmd).unwrap();
     let url = format!("http://127.0.0.1:{ready}/ready");
     // Blocking waits run off the runtime: the API server is served on it.
-    tokio::task::spawn_blocking(move || match wait_for("replica ready", WAIT, || http_ok(&url)) {
-        Ok(()) => guard,
-        Err(e) => panic!("{e}\n{}", guard.log()),
-    })
+    tokio::task::spawn_blocking(
+        move || match wait_for("replica ready", WAIT, || http_ok(&url)) {
+            Ok(()) => guard,
+            Err(e) => panic!("{e}\n{}", guard.log()),
+        },
+    )
     .await
     .unwrap()
 }
@@ -166,8 +175,14 @@ async fn when_the_leading_replica_dies_the_other_takes_over_the_root_configmaps(
     ca.write(&dir.path().join("cacerts")).unwrap();
     let root = ca.roots_pem();
     let mut replicas = vec![
-        ("istiod-a", replica("istiod-a", dir.path(), &kubeconfig).await),
-        ("istiod-b", replica("istiod-b", dir.path(), &kubeconfig).await),
+        (
+            "istiod-a",
+            replica("istiod-a", dir.path(), &kubeconfig).await,
+        ),
+        (
+            "istiod-b",
+            replica("istiod-b", dir.path(), &kubeconfig).await,
+        ),
     ];
 
     let published = |ns: &'static str| {

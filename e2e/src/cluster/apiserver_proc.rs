@@ -1,6 +1,6 @@
-//! The control plane: a namespace holding `kube-apiserver-lite`, `istiod-lite`
-//! (the mesh CA: the only place its key is) and the cluster network bridge every
-//! node joins.
+//! The control plane: a namespace holding `kube-apiserver-lite`, the `istiod-lite`
+//! replicas (the mesh CA: the only place its key is) behind istiod's Service
+//! ([`ServiceProxy`]), and the cluster network bridge every node joins.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,26 +9,32 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::api::Api;
+use super::service_proxy::{Endpoint, ServiceProxy};
 use crate::mesh::binary;
 use crate::netns::Netns;
 use crate::process::{wait_for, ChildGuard};
 
 /// The API server's address inside the control-plane namespace.
 pub const API_ADDR: &str = "10.1.0.1:6443";
-/// istiod-lite's gRPC (CA) address, and the name its certificate is checked against.
+/// istiod's Service (ClusterIP) for the CA and xDS, and the name its certificate is
+/// checked against. The replicas serve on their own addresses behind it.
 pub const ISTIOD_ADDR: &str = "10.1.0.1:15012";
 pub const ISTIOD_HOST: &str = "istiod.istio-system.svc";
-const ISTIOD_READY_URL: &str = "http://10.1.0.1:8080/ready";
+/// A short lease, so a dead leader's work moves within a test's patience.
+const LEADER_LEASE: &str = "2s";
 /// The cluster network (a bridge in the control-plane namespace).
 pub const CLUSTER_NET_PREFIX: &str = "10.1.0";
 /// Name of the cluster network bridge.
 const BRIDGE: &str = "cnet";
 
-/// The control-plane namespace and the API server process in it.
+/// The control-plane namespace and the processes in it.
 pub struct ControlPlane {
-    // Drop order: the processes, then the namespace.
-    pub istiod: Option<ChildGuard>,
+    // Drop order: the processes and the Service, then the namespace.
+    /// The istiod-lite replicas (pods `istiod-<i>`), None while one is stopped.
+    pub istiods: Vec<Option<ChildGuard>>,
     pub apiserver: Option<ChildGuard>,
+    /// istiod's Service: held for its endpoint poller.
+    _service: ServiceProxy,
     pub ns: Netns,
     pub kubeconfig: PathBuf,
     /// The `cacerts` files: mounted into istiod-lite only.
@@ -38,9 +44,10 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    /// Creates the namespace and the bridge and starts the API server; `dir` holds the
-    /// kubeconfig and the state file.
-    pub fn start(tag: &str, dir: &Path) -> Result<Self> {
+    /// Creates the namespace and the bridge and starts the API server and `replicas`
+    /// istiod-lite replicas behind istiod's Service; `dir` holds the kubeconfig and
+    /// the state file.
+    pub fn start(tag: &str, dir: &Path, replicas: u8) -> Result<Self> {
         let ns = Netns::new(&format!("{tag}cp"))?;
         ns.exec(&["ip", "link", "add", BRIDGE, "type", "bridge"])?;
         ns.exec(&[
@@ -51,12 +58,29 @@ impl ControlPlane {
             "dev",
             BRIDGE,
         ])?;
+        for i in 0..replicas {
+            let addr = format!("{}/24", replica_ip(i));
+            ns.exec(&["ip", "addr", "add", &addr, "dev", BRIDGE])?;
+        }
         ns.exec(&["ip", "link", "set", BRIDGE, "up"])?;
+        let service = ServiceProxy::start(
+            &ns,
+            ISTIOD_ADDR.parse()?,
+            (0..replicas)
+                .map(|i| -> Result<Endpoint> {
+                    Ok(Endpoint {
+                        serving: format!("{}:15012", replica_ip(i)).parse()?,
+                        ready: format!("{}:8080", replica_ip(i)).parse()?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        )?;
         let ca_dir = dir.join("control-plane").join("cacerts");
         crate::mesh::ca_init(&ca_dir)?;
         let mut cp = ControlPlane {
-            istiod: None,
+            istiods: (0..replicas).map(|_| None).collect(),
             apiserver: None,
+            _service: service,
             ns,
             kubeconfig: dir.join("kubeconfig"),
             ca_dir,
@@ -68,18 +92,29 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    /// Starts (or restarts) istiod-lite and waits for its readiness.
+    /// Starts (or restarts) every istiod-lite replica, each waiting for its readiness.
     pub fn start_istiod(&mut self) -> Result<()> {
-        self.stop_istiod();
+        for i in 0..self.istiods.len() {
+            self.start_istiod_replica(i)?;
+        }
+        Ok(())
+    }
+
+    /// Starts (or restarts) replica `i` (pod `istiod-<i>`) and waits for its readiness.
+    pub fn start_istiod_replica(&mut self, i: usize) -> Result<()> {
+        self.stop_istiod_replica(i);
+        let ip = replica_ip(i as u8);
         let mut cmd = self
             .ns
             .command(binary("istiod-lite")?.to_str().context("path")?);
         cmd.env("CA_CERTS_DIR", &self.ca_dir)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("POD_NAMESPACE", super::SYSTEM_NAMESPACE)
-            .env("GRPC_ADDR", ISTIOD_ADDR)
-            .env("MONITORING_ADDR", format!("{CLUSTER_NET_PREFIX}.1:15014"))
-            .env("READY_ADDR", format!("{CLUSTER_NET_PREFIX}.1:8080"))
+            .env("POD_NAME", format!("istiod-{i}"))
+            .env("LEADER_ELECTION_LEASE_DURATION", LEADER_LEASE)
+            .env("GRPC_ADDR", format!("{ip}:15012"))
+            .env("MONITORING_ADDR", format!("{ip}:15014"))
+            .env("READY_ADDR", format!("{ip}:8080"))
             .env(
                 super::sweep::OWNER_ENV,
                 super::sweep::cluster_marker(&self.tag),
@@ -88,18 +123,26 @@ impl ControlPlane {
                 "RUST_LOG",
                 std::env::var("ISTIOD_TEST_LOG").unwrap_or_else(|_| "info".into()),
             );
-        let guard = ChildGuard::spawn(&format!("istiod-{}", self.tag), cmd)?;
+        let guard = ChildGuard::spawn(&format!("istiod-{i}-{}", self.tag), cmd)?;
+        let ready = format!("http://{ip}:8080/ready");
         wait_for("istiod-lite to be ready", Duration::from_secs(20), || {
-            crate::mesh::http_get(&self.ns, ISTIOD_READY_URL).ok()
+            crate::mesh::http_get(&self.ns, &ready).ok()
         })
         .with_context(|| format!("istiod-lite log:\n{}", guard.log()))?;
-        self.istiod = Some(guard);
+        self.istiods[i] = Some(guard);
         Ok(())
     }
 
-    /// Stops istiod-lite (SIGTERM, then kill); ztunnels keep their cached certificates.
+    /// Stops every replica (SIGTERM, then kill); ztunnels keep their cached certificates.
     pub fn stop_istiod(&mut self) {
-        if let Some(mut old) = self.istiod.take() {
+        for i in 0..self.istiods.len() {
+            self.stop_istiod_replica(i);
+        }
+    }
+
+    /// Stops replica `i` as a pod deletion would: SIGTERM, then kill.
+    pub fn stop_istiod_replica(&mut self, i: usize) {
+        if let Some(mut old) = self.istiods.get_mut(i).and_then(Option::take) {
             old.signal(libc::SIGTERM);
             if old.wait_timeout(Duration::from_secs(5)).is_none() {
                 old.kill();
@@ -107,12 +150,22 @@ impl ControlPlane {
         }
     }
 
-    /// istiod-lite's Prometheus text.
+    /// Kills replica `i` outright, as a crashed node would lose it.
+    pub fn kill_istiod_replica(&mut self, i: usize) {
+        if let Some(mut old) = self.istiods.get_mut(i).and_then(Option::take) {
+            old.kill();
+        }
+    }
+
+    /// Replica 0's Prometheus text.
     pub fn istiod_metrics(&self) -> Result<String> {
-        crate::mesh::http_get(
-            &self.ns,
-            &format!("http://{CLUSTER_NET_PREFIX}.1:15014/metrics"),
-        )
+        self.istiod_replica_metrics(0)
+    }
+
+    /// Replica `i`'s Prometheus text.
+    pub fn istiod_replica_metrics(&self, i: usize) -> Result<String> {
+        let ip = replica_ip(i as u8);
+        crate::mesh::http_get(&self.ns, &format!("http://{ip}:15014/metrics"))
     }
 
     /// Starts (or restarts) the API server; objects survive in the state file.
@@ -177,6 +230,11 @@ impl ControlPlane {
             .exec(&["ip", "link", "set", &cp_if, "master", BRIDGE, "up"])?;
         Ok(())
     }
+}
+
+/// Replica `i`'s own address on the cluster network (behind [`ISTIOD_ADDR`]).
+fn replica_ip(i: u8) -> String {
+    format!("{CLUSTER_NET_PREFIX}.{}", 101 + u16::from(i))
 }
 
 /// [`API_ADDR`] parsed.

@@ -19,6 +19,7 @@ pub mod kubelet;
 pub mod node;
 pub mod objects;
 pub mod projected;
+mod service_proxy;
 pub mod sweep;
 
 use std::path::Path;
@@ -56,12 +57,21 @@ impl LocalCluster {
     }
 
     pub fn with_nodes(tag: &str, count: u8) -> Result<Self> {
+        Self::with_topology(tag, count, 1)
+    }
+
+    /// Two nodes, and `replicas` istiod-lite replicas behind istiod's Service.
+    pub fn with_istiod_replicas(tag: &str, replicas: u8) -> Result<Self> {
+        Self::with_topology(tag, 2, replicas)
+    }
+
+    fn with_topology(tag: &str, count: u8, istiod_replicas: u8) -> Result<Self> {
         sweep::sweep_stale_processes();
         sweep::sweep_stale_dirs();
         let dir = tempfile::Builder::new()
             .prefix(&sweep::owner_marker())
             .tempdir()?;
-        let control_plane = ControlPlane::start(tag, dir.path())?;
+        let control_plane = ControlPlane::start(tag, dir.path(), istiod_replicas)?;
         let mut cluster = LocalCluster {
             kubelets: Vec::new(),
             nodes: Vec::new(),
@@ -452,7 +462,7 @@ impl LocalCluster {
             drop(node.agent.take());
             drop(node.projector.take());
         }
-        drop(self.control_plane.istiod.take());
+        self.control_plane.istiods.clear();
         drop(self.control_plane.apiserver.take());
         sweep::check_no_leftovers(&sweep::cluster_marker(&self.tag), LEFTOVER_GRACE)
     }

@@ -162,7 +162,10 @@ async fn try_acquire_or_renew(
         return Ok(false);
     }
     let (acquired, transitions) = if ours {
-        (spec.acquire_time.clone().unwrap_or(now.clone()), spec.lease_transitions.unwrap_or(0))
+        (
+            spec.acquire_time.clone().unwrap_or(now.clone()),
+            spec.lease_transitions.unwrap_or(0),
+        )
     } else {
         debug!(lease = %settings.lease_name, previous = %holder, "taking over the Lease");
         (now.clone(), spec.lease_transitions.unwrap_or(0) + 1)
@@ -186,7 +189,12 @@ async fn try_acquire_or_renew(
     }
 }
 
-fn held_by(settings: &Settings, acquired: MicroTime, renewed: MicroTime, transitions: i32) -> LeaseSpec {
+fn held_by(
+    settings: &Settings,
+    acquired: MicroTime,
+    renewed: MicroTime,
+    transitions: i32,
+) -> LeaseSpec {
     LeaseSpec {
         holder_identity: Some(settings.identity.clone()),
         lease_duration_seconds: Some(
@@ -218,6 +226,8 @@ async fn release(api: &Api<Lease>, settings: &Settings) {
         .await
     {
         Ok(_) => info!(lease = %settings.lease_name, "released the leader Lease"),
-        Err(e) => warn!(lease = %settings.lease_name, error = %e, "cannot release the leader Lease"),
+        Err(e) => {
+            warn!(lease = %settings.lease_name, error = %e, "cannot release the leader Lease")
+        }
     }
 }

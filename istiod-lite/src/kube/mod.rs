@@ -1,5 +1,5 @@
 //! What istiod-lite reads from the Kubernetes API.
 
-pub mod pods;
 pub mod leader;
+pub mod pods;
 pub mod root_publisher;
