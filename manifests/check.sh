@@ -10,7 +10,8 @@
 #   5. the default ztunnel and istiod-lite renders fit together (CA and xDS address,
 #      xDS node identity, token audience, trusted node account, cluster id, trust
 #      domain, who reads the Kubernetes API);
-#   6. bad values fail with the schema error that names them (values.schema.json).
+#   6. bad values fail with the schema error that names them (values.schema.json), or
+#      with the chart's own error for what a schema cannot express (cross-field rules).
 #
 # Usage: manifests/check.sh [--update] [--install]
 #   --update   rewrite the golden files from the current charts, then check the rest.
@@ -149,6 +150,13 @@ cp_pod='Deployment/istiod:spec.template.spec'
 cp_ctr="$cp_pod.containers[name=discovery]"
 cp_env="$cp_ctr.env"
 cp_role='ClusterRole/istiod:rules'
+cp_lease='Role/istiod:rules'
+cp_pdb='PodDisruptionBudget/istiod:spec'
+cp_hpa='HorizontalPodAutoscaler/istiod:spec'
+cp_anti="$cp_pod.affinity.podAntiAffinity"
+# istiod-lite's replicas: the default preferred spread over nodes, by the Deployment's
+# selector labels.
+cp_spread="$cp_anti.preferredDuringSchedulingIgnoredDuringExecution.0.weight=100; $cp_anti.preferredDuringSchedulingIgnoredDuringExecution.0.podAffinityTerm.topologyKey=kubernetes.io/hostname; $cp_anti.preferredDuringSchedulingIgnoredDuringExecution.0.podAffinityTerm.labelSelector.matchLabels.app=istiod; !$cp_anti.requiredDuringSchedulingIgnoredDuringExecution"
 # ztunnel's xDS node identity: downward API, in every mode.
 zt_node_env="$zt_ctr.env[name=POD_NAME].valueFrom.fieldRef.fieldPath=metadata.name; $zt_ctr.env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $zt_ctr.env[name=INSTANCE_IP].valueFrom.fieldRef.fieldPath=status.podIP"
 # ztunnel never talks to the Kubernetes API: no RBAC, no API token, in every mode.
@@ -193,8 +201,17 @@ combos=(
   "ztunnel|--set discovery.source=local --set-file discovery.localConfig=testdata/local-config.yaml|ConfigMap/ztunnel-local-config:data.config\\.yaml~=- !Exact cluster.local/ns/shop/sa/client"
   "ztunnel|--set env.PACKET_MARK=1337 --set image.pullPolicy=Always|$zt_ctr.env[name=PACKET_MARK].value=1337; $zt_ctr.imagePullPolicy=Always"
   # --- istiod-lite
-  "istiod-lite||Deployment/istiod:spec.replicas=1; Deployment/istiod:metadata.labels.app=istiod; Deployment/istiod:metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.labels.app=istiod; Deployment/istiod:spec.template.metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/scrape=true; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/port=15014; $cp_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0; $cp_ctr.command.0=istiod-lite; $cp_ctr.ports[name=tls-xds].containerPort=15012; $cp_ctr.ports[name=http-monitoring].containerPort=15014; $cp_ctr.ports[name=http-debug].containerPort=8080; $cp_ctr.readinessProbe.httpGet.path=/ready; $cp_ctr.readinessProbe.httpGet.port=8080; !$cp_env[name=POD_NAME]; $cp_env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $cp_env[name=TRUST_DOMAIN].value=cluster.local; $cp_env[name=CLUSTER_ID].value=Kubernetes; $cp_env[name=DOMAIN_SUFFIX].value=cluster.local; $cp_env[name=TOKEN_AUDIENCES].value=istio-ca; $cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=istio-system/ztunnel; $cp_env[name=MAX_WORKLOAD_CERT_TTL].value=2160h; $cp_env[name=DEFAULT_WORKLOAD_CERT_TTL].value=24h; $cp_env[name=CA_CERTS_DIR].value=/etc/cacerts; !$cp_env[name=ISTIOD_CUSTOM_HOST]; $cp_env[name=RUST_LOG].value=info; $cp_pod.volumes[name=cacerts].secret.secretName=cacerts; $cp_pod.volumes[name=cacerts].secret.defaultMode=288; $cp_ctr.volumeMounts[name=cacerts].mountPath=/etc/cacerts; $cp_ctr.volumeMounts[name=cacerts].readOnly=true; $cp_ctr.securityContext.runAsNonRoot=true; $cp_ctr.securityContext.readOnlyRootFilesystem=true; $cp_ctr.securityContext.capabilities.drop.0=ALL; !$cp_ctr.securityContext.capabilities.add; $cp_pod.serviceAccountName=istiod; !$cp_pod.priorityClassName; Service/istiod:spec.ports[name=https-dns].port=15012; Service/istiod:spec.ports[name=http-monitoring].port=15014; Service/istiod:spec.selector.app=istiod; ServiceAccount/istiod:automountServiceAccountToken=true; ClusterRole/istiod:rules.0.apiGroups.0=authentication.k8s.io; ClusterRole/istiod:rules.0.resources.0=tokenreviews; ClusterRole/istiod:rules.0.verbs.0=create; !ClusterRole/istiod:rules.0.verbs.1; $cp_role.1.resources.0=pods; $cp_role.2.resources.0=namespaces; $cp_role.3.resources.0=configmaps; !$cp_role.3.verbs.6; $cp_role.4.apiGroups.0=; $cp_role.4.resources.0=services; !$cp_role.4.resources.1; $cp_role.4.verbs.0=list; $cp_role.4.verbs.1=watch; !$cp_role.4.verbs.2; $cp_role.5.apiGroups.0=security.istio.io; !$cp_role.5.apiGroups.1; $cp_role.5.resources.0=authorizationpolicies; $cp_role.5.resources.1=peerauthentications; !$cp_role.5.resources.2; $cp_role.5.verbs.0=list; $cp_role.5.verbs.1=watch; !$cp_role.5.verbs.2; !$cp_role.6; ClusterRoleBinding/istiod:subjects[name=istiod].namespace=istio-system; !ConfigMap/istio-ca-root-cert"
-  "istiod-lite|--set replicaCount=2|Deployment/istiod:spec.replicas=2"
+  "istiod-lite||Deployment/istiod:spec.replicas=2; $cp_pdb.minAvailable=1; !$cp_pdb.maxUnavailable; $cp_pdb.selector.matchLabels.app=istiod; !HorizontalPodAutoscaler/istiod; $cp_spread; $cp_env[name=POD_NAME].valueFrom.fieldRef.fieldPath=metadata.name; $cp_env[name=LEADER_ELECTION_LEASE_DURATION].value=15s; $cp_lease.0.apiGroups.0=coordination.k8s.io; $cp_lease.0.resources.0=leases; $cp_lease.0.resourceNames.0=istio-namespace-controller-election; !$cp_lease.0.resourceNames.1; $cp_lease.0.verbs.0=get; $cp_lease.0.verbs.1=update; !$cp_lease.0.verbs.2; $cp_lease.1.apiGroups.0=coordination.k8s.io; $cp_lease.1.resources.0=leases; $cp_lease.1.verbs.0=create; !$cp_lease.1.verbs.1; !$cp_lease.1.resourceNames; !$cp_lease.2; RoleBinding/istiod:roleRef.kind=Role; RoleBinding/istiod:roleRef.name=istiod; RoleBinding/istiod:subjects[name=istiod].namespace=istio-system; Deployment/istiod:metadata.labels.app=istiod; Deployment/istiod:metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.labels.app=istiod; Deployment/istiod:spec.template.metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/scrape=true; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/port=15014; $cp_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0; $cp_ctr.command.0=istiod-lite; $cp_ctr.ports[name=tls-xds].containerPort=15012; $cp_ctr.ports[name=http-monitoring].containerPort=15014; $cp_ctr.ports[name=http-debug].containerPort=8080; $cp_ctr.readinessProbe.httpGet.path=/ready; $cp_ctr.readinessProbe.httpGet.port=8080; $cp_env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $cp_env[name=TRUST_DOMAIN].value=cluster.local; $cp_env[name=CLUSTER_ID].value=Kubernetes; $cp_env[name=DOMAIN_SUFFIX].value=cluster.local; $cp_env[name=TOKEN_AUDIENCES].value=istio-ca; $cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=istio-system/ztunnel; $cp_env[name=MAX_WORKLOAD_CERT_TTL].value=2160h; $cp_env[name=DEFAULT_WORKLOAD_CERT_TTL].value=24h; $cp_env[name=CA_CERTS_DIR].value=/etc/cacerts; !$cp_env[name=ISTIOD_CUSTOM_HOST]; $cp_env[name=RUST_LOG].value=info; $cp_pod.volumes[name=cacerts].secret.secretName=cacerts; $cp_pod.volumes[name=cacerts].secret.defaultMode=288; $cp_ctr.volumeMounts[name=cacerts].mountPath=/etc/cacerts; $cp_ctr.volumeMounts[name=cacerts].readOnly=true; $cp_ctr.securityContext.runAsNonRoot=true; $cp_ctr.securityContext.readOnlyRootFilesystem=true; $cp_ctr.securityContext.capabilities.drop.0=ALL; !$cp_ctr.securityContext.capabilities.add; $cp_pod.serviceAccountName=istiod; !$cp_pod.priorityClassName; Service/istiod:spec.ports[name=https-dns].port=15012; Service/istiod:spec.ports[name=http-monitoring].port=15014; Service/istiod:spec.selector.app=istiod; ServiceAccount/istiod:automountServiceAccountToken=true; ClusterRole/istiod:rules.0.apiGroups.0=authentication.k8s.io; ClusterRole/istiod:rules.0.resources.0=tokenreviews; ClusterRole/istiod:rules.0.verbs.0=create; !ClusterRole/istiod:rules.0.verbs.1; $cp_role.1.resources.0=pods; $cp_role.2.resources.0=namespaces; $cp_role.3.resources.0=configmaps; !$cp_role.3.verbs.6; $cp_role.4.apiGroups.0=; $cp_role.4.resources.0=services; !$cp_role.4.resources.1; $cp_role.4.verbs.0=list; $cp_role.4.verbs.1=watch; !$cp_role.4.verbs.2; $cp_role.5.apiGroups.0=security.istio.io; !$cp_role.5.apiGroups.1; $cp_role.5.resources.0=authorizationpolicies; $cp_role.5.resources.1=peerauthentications; !$cp_role.5.resources.2; $cp_role.5.verbs.0=list; $cp_role.5.verbs.1=watch; !$cp_role.5.verbs.2; !$cp_role.6; ClusterRoleBinding/istiod:subjects[name=istiod].namespace=istio-system; !ConfigMap/istio-ca-root-cert"
+  "istiod-lite|--set replicaCount=1|Deployment/istiod:spec.replicas=1; !PodDisruptionBudget/istiod; $cp_spread"
+  "istiod-lite|--set replicaCount=3 --set podDisruptionBudget.minAvailable=50%|Deployment/istiod:spec.replicas=3; $cp_pdb.minAvailable=50%"
+  "istiod-lite|--set podDisruptionBudget.maxUnavailable=1|$cp_pdb.maxUnavailable=1; !$cp_pdb.minAvailable"
+  "istiod-lite|--set replicaCount=3 --set podDisruptionBudget.maxUnavailable=50% --set podDisruptionBudget.minAvailable=3|$cp_pdb.maxUnavailable=50%; !$cp_pdb.minAvailable"
+  "istiod-lite|--set podDisruptionBudget.enabled=false|!PodDisruptionBudget/istiod; Deployment/istiod:spec.replicas=2"
+  "istiod-lite|--set autoscaleEnabled=true|!Deployment/istiod:spec.replicas; $cp_hpa.scaleTargetRef.apiVersion=apps/v1; $cp_hpa.scaleTargetRef.kind=Deployment; $cp_hpa.scaleTargetRef.name=istiod; $cp_hpa.minReplicas=2; $cp_hpa.maxReplicas=5; $cp_hpa.metrics.0.resource.name=cpu; $cp_hpa.metrics.0.resource.target.type=Utilization; $cp_hpa.metrics.0.resource.target.averageUtilization=80; $cp_pdb.minAvailable=1; $cp_spread"
+  "istiod-lite|--set autoscaleEnabled=true --set autoscaleMin=3 --set autoscaleMax=9 --set cpu.targetAverageUtilization=60 --set podDisruptionBudget.minAvailable=2|!Deployment/istiod:spec.replicas; $cp_hpa.minReplicas=3; $cp_hpa.maxReplicas=9; $cp_hpa.metrics.0.resource.target.averageUtilization=60; $cp_pdb.minAvailable=2"
+  "istiod-lite|--set autoscaleEnabled=true --set autoscaleMin=1|$cp_hpa.minReplicas=1; !PodDisruptionBudget/istiod"
+  "istiod-lite|-f testdata/istiod-lite-affinity.yaml|$cp_anti.requiredDuringSchedulingIgnoredDuringExecution.0.topologyKey=kubernetes.io/hostname; !$cp_anti.preferredDuringSchedulingIgnoredDuringExecution; $cp_pod.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms.0.matchExpressions.0.key=node-role.kubernetes.io/control-plane; $cp_pdb.minAvailable=1"
+  "istiod-lite|--set leaderElectionLeaseDuration=1m|$cp_env[name=LEADER_ELECTION_LEASE_DURATION].value=1m"
   "istiod-lite|--set trustDomain=example.org --set clusterId=east --set domainSuffix=corp.example|$cp_env[name=TRUST_DOMAIN].value=example.org; $cp_env[name=CLUSTER_ID].value=east; $cp_env[name=DOMAIN_SUFFIX].value=corp.example"
   "istiod-lite|--set tokenAudiences={istio-ca,mesh.example.org}|$cp_env[name=TOKEN_AUDIENCES].value=istio-ca,mesh.example.org"
   "istiod-lite|--set trustedZtunnelNamespace=kube-system|$cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=kube-system/ztunnel"
@@ -382,6 +399,27 @@ bad=(
   "ztunnel|--set env.1BAD=x|'1BAD'"
   "istiod-lite|--set replicaCount=0|/replicaCount"
   "istiod-lite|--set replicaCount=two|/replicaCount"
+  "istiod-lite|--set podDisruptionBudget.minAvailable={1}|/podDisruptionBudget/minAvailable"
+  "istiod-lite|--set podDisruptionBudget.minAvailable=100%|/podDisruptionBudget/minAvailable"
+  "istiod-lite|--set podDisruptionBudget.minAvailable=-1|/podDisruptionBudget/minAvailable"
+  "istiod-lite|--set podDisruptionBudget.maxUnavailable=0|/podDisruptionBudget/maxUnavailable"
+  "istiod-lite|--set podDisruptionBudget.minAvailable=null|missing property 'minAvailable'"
+  "istiod-lite|--set podDisruptionBudget.maxUnavailable=0%|/podDisruptionBudget/maxUnavailable"
+  "istiod-lite|--set podDisruptionBudget.enabled=yes|/podDisruptionBudget/enabled"
+  "istiod-lite|--set podDisruptionBudget.minReplicas=1|'minReplicas' not allowed"
+  "istiod-lite|--set podDisruptionBudget.minAvailable=2|podDisruptionBudget.minAvailable (2) must leave fewer than the 2 pods"
+  "istiod-lite|--set replicaCount=4 --set podDisruptionBudget.minAvailable=80%|podDisruptionBudget.minAvailable (80%) must leave fewer than the 4 pods"
+  "istiod-lite|--set autoscaleEnabled=true --set autoscaleMin=5 --set podDisruptionBudget.minAvailable=5|must leave fewer than the 5 pods"
+  "istiod-lite|--set autoscaleEnabled=on|/autoscaleEnabled"
+  "istiod-lite|--set autoscaleMin=0|/autoscaleMin"
+  "istiod-lite|--set autoscaleMax=many|/autoscaleMax"
+  "istiod-lite|--set autoscaleEnabled=true --set autoscaleMin=6|autoscaleMin (6) must not exceed autoscaleMax (5)"
+  "istiod-lite|--set autoscaleEnabled=true --set resources.requests.cpu=null|autoscaleEnabled needs resources.requests.cpu"
+  "istiod-lite|--set cpu.targetAverageUtilization=80%|/cpu/targetAverageUtilization"
+  "istiod-lite|--set cpu.targetAverageMemory=80|'targetAverageMemory' not allowed"
+  "istiod-lite|--set leaderElectionLeaseDuration=0s|/leaderElectionLeaseDuration"
+  "istiod-lite|--set leaderElectionLeaseDuration=15|/leaderElectionLeaseDuration"
+  "istiod-lite|--set leaderElectionLeaseDuration=1d|/leaderElectionLeaseDuration"
   "istiod-lite|--set caSecretName=CA_Certs|/caSecretName"
   "istiod-lite|--set trustDomain=spiffe://cluster.local|/trustDomain"
   "istiod-lite|--set clusterId=|/clusterId"

@@ -33,3 +33,19 @@ app: {{ include "istiod.name" . }}
 {{- define "istiod.trustedNodeAccounts" -}}
 {{ .Values.trustedZtunnelNamespace | default .Release.Namespace }}/{{ .Values.trustedZtunnelName }}
 {{- end }}
+
+{{/* The fewest pods the Deployment runs: autoscaleMin under the HPA, else replicaCount. */}}
+{{- define "istiod.minReplicas" -}}
+{{ if .Values.autoscaleEnabled }}{{ int .Values.autoscaleMin }}{{ else }}{{ int .Values.replicaCount }}{{ end }}
+{{- end }}
+
+{{/* "true" when the PodDisruptionBudget is rendered: enabled, and at least two pods
+     guaranteed (over a single pod, minAvailable: 1 would block every drain of its node,
+     and maxUnavailable would protect nothing). */}}
+{{- define "istiod.pdbEnabled" -}}
+{{ if and .Values.podDisruptionBudget.enabled (gt (int (include "istiod.minReplicas" .)) 1) }}true{{ end }}
+{{- end }}
+
+{{/* The Lease whose holder publishes the root ConfigMaps (Istio's name; the binary
+     names it too, it is not configurable). */}}
+{{- define "istiod.leaderLease" -}}istio-namespace-controller-election{{- end }}
