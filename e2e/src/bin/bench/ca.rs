@@ -307,10 +307,39 @@ pub async fn start() -> Result<Fixture> {
     let ca_dir = dir.path().join("cacerts");
     CertificateAuthority::generate_root(TRUST_DOMAIN, RootKey::Rsa2048)?.write(&ca_dir)?;
     let root_pem = std::fs::read_to_string(ca_dir.join("root-cert.pem"))?;
+    let replica = spawn_replica(dir.path(), "istiod-0").await?;
+    Ok(Fixture {
+        client,
+        root_pem,
+        grpc_port: replica.grpc_port,
+        metrics_port: replica.metrics_port,
+        istiod: replica.process,
+        _dir: dir,
+    })
+}
+
+/// One istiod-lite process on loopback ports of its own.
+pub struct Replica {
+    pub process: ChildGuard,
+    pub grpc_port: u16,
+    pub metrics_port: u16,
+}
+
+impl Fixture {
+    /// Another replica of the same control plane (same CA, same API server).
+    pub async fn start_replica(&self, pod: &str) -> Result<Replica> {
+        spawn_replica(self._dir.path(), pod).await
+    }
+}
+
+/// Starts istiod-lite as pod `pod` with the CA and kubeconfig under `dir`; returns
+/// once it is ready.
+async fn spawn_replica(dir: &std::path::Path, pod: &str) -> Result<Replica> {
     let (grpc_port, metrics_port, ready_port) = (free_port()?, free_port()?, free_port()?);
     let mut cmd = Command::new(e2e::mesh::binary("istiod-lite")?);
-    cmd.env("CA_CERTS_DIR", &ca_dir)
-        .env("KUBECONFIG", &kubeconfig)
+    cmd.env("CA_CERTS_DIR", dir.join("cacerts"))
+        .env("KUBECONFIG", dir.join("kubeconfig"))
+        .env("POD_NAME", pod)
         .env("GRPC_ADDR", format!("127.0.0.1:{grpc_port}"))
         .env("MONITORING_ADDR", format!("127.0.0.1:{metrics_port}"))
         .env("READY_ADDR", format!("127.0.0.1:{ready_port}"))
@@ -318,7 +347,7 @@ pub async fn start() -> Result<Fixture> {
         .env(OWNER_ENV, owner_marker());
     let istiod = ChildGuard::spawn(&format!("istiod-lite-bench-{grpc_port}"), cmd)?;
     let ready = format!("127.0.0.1:{ready_port}");
-    let istiod = tokio::task::spawn_blocking(move || {
+    let process = tokio::task::spawn_blocking(move || {
         match wait_for("istiod-lite to be ready", WAIT, || {
             http_get(&ready, "/ready")
         }) {
@@ -327,13 +356,10 @@ pub async fn start() -> Result<Fixture> {
         }
     })
     .await??;
-    Ok(Fixture {
-        client,
-        root_pem,
+    Ok(Replica {
+        process,
         grpc_port,
         metrics_port,
-        istiod,
-        _dir: dir,
     })
 }
 

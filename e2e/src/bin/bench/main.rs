@@ -11,6 +11,7 @@ mod procfs;
 mod report;
 mod standalone;
 mod xds;
+mod xds_failover;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -95,6 +96,8 @@ pub struct Plan {
     xds_policies: usize,
     xds_clients: usize,
     xds_changes: usize,
+    /// ztunnel clients of the two replicas in the failover figure.
+    xds_failover_clients: usize,
 }
 
 fn main() -> Result<()> {
@@ -128,6 +131,7 @@ fn main() -> Result<()> {
             xds_policies: 20,
             xds_clients: 50,
             xds_changes: 3,
+            xds_failover_clients: 20,
         }
     } else {
         Plan {
@@ -150,6 +154,7 @@ fn main() -> Result<()> {
             xds_policies: 200,
             xds_clients: 500,
             xds_changes: 20,
+            xds_failover_clients: 50,
         }
     };
     // Both nodes' ztunnels share this machine's two cores; in a cluster each would

@@ -27,6 +27,7 @@ use tonic::transport::Channel;
 use crate::ca::{self, Fixture};
 use crate::procfs::{clock_ticks, cpu_ticks, rss_kib};
 use crate::report::{percentile, single, Figure};
+use crate::xds_failover;
 use crate::Plan;
 
 const NS: &str = "app";
@@ -56,7 +57,7 @@ struct Seen {
 }
 
 async fn measure(plan: &Plan) -> Result<Vec<Figure>> {
-    let f = ca::start().await?;
+    let mut f = ca::start().await?;
     fill(&f.client, plan).await?;
     let expected = plan.xds_pods + plan.xds_services;
     wait_for_resources(&f, expected).await?;
@@ -136,7 +137,8 @@ async fn measure(plan: &Plan) -> Result<Vec<Figure>> {
     let n = plan.xds_clients;
     let resources = expected + plan.xds_policies;
     let changes = plan.xds_changes.max(1) as f64;
-    Ok(vec![
+    let failover = xds_failover::measure(&mut f, &token, plan.xds_failover_clients).await?;
+    let mut figures = vec![
         single(
             &format!("xDS initial sync per client, {resources} resources, {n} at once, p50"),
             "ms",
@@ -203,7 +205,9 @@ async fn measure(plan: &Plan) -> Result<Vec<Figure>> {
             rss_mib,
             "<= 300 MiB",
         ),
-    ])
+    ];
+    figures.extend(failover);
+    Ok(figures)
 }
 
 async fn next(seen: &mut mpsc::UnboundedReceiver<Seen>) -> Result<Seen> {
