@@ -1,6 +1,7 @@
 //! Running the mesh's own binaries inside test namespaces, and reading what they
 //! report (readiness, Prometheus metrics, admin dumps).
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -105,6 +106,23 @@ pub fn wait_ready(ns: &Netns, ztunnel: &ChildGuard) -> Result<()> {
     })
     .with_context(|| format!("ztunnel log:\n{}", ztunnel.log()))?;
     Ok(())
+}
+
+/// `GET path` from this thread's namespace to `addr` (a loopback port, or a replica
+/// in the control plane): the response, head and body, if it is a 200.
+pub fn get_ok(addr: SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, TIMEOUT).ok()?;
+    s.set_read_timeout(Some(TIMEOUT)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.starts_with("HTTP/1.1 200").then_some(text)
 }
 
 /// HTTP GET from inside `ns` (via `e2e-app get`); the body on a 200.

@@ -500,6 +500,21 @@ fn running_pods_are_enrolled_and_unenrolled_by_namespace_label() {
     );
 }
 
+/// One connection from `m/client` to `target`: 60 pings 100 ms apart (6 s).
+fn long_ping(c: &LocalCluster, target: &str) -> e2e::process::ChildGuard {
+    let argv = [
+        "e2e-app",
+        "ping",
+        "--connect",
+        target,
+        "--count",
+        "60",
+        "--interval-ms",
+        "100",
+    ];
+    c.spawn_in_pod("m", "client", &argv).unwrap()
+}
+
 #[test]
 fn a_long_lived_connection_survives_an_agent_restart() {
     if !e2e::can_run_root_tests() {
@@ -511,22 +526,7 @@ fn a_long_lived_connection_survives_an_agent_restart() {
     let server = ambient_pod(&c, "server", 2, "server", &[], &echo);
     ambient_pod(&c, "client", 1, "client", &[], IDLE);
     let target = format!("{server}:9001");
-    let mut ping = c
-        .spawn_in_pod(
-            "m",
-            "client",
-            &[
-                "e2e-app",
-                "ping",
-                "--connect",
-                &target,
-                "--count",
-                "60",
-                "--interval-ms",
-                "100",
-            ],
-        )
-        .unwrap();
+    let mut ping = long_ping(&c, &target);
     std::thread::sleep(Duration::from_secs(1));
     c.node_mut(1).start_agent().unwrap();
     c.node_mut(2).start_agent().unwrap();
@@ -1021,22 +1021,7 @@ fn a_rolling_update_of_istiod_loses_no_connection() {
     let server = ambient_pod(&c, "server", 2, "server", &[], &echo);
     ambient_pod(&c, "client", 1, "client", &[], IDLE);
     let target = format!("{server}:9001");
-    let mut ping = c
-        .spawn_in_pod(
-            "m",
-            "client",
-            &[
-                "e2e-app",
-                "ping",
-                "--connect",
-                &target,
-                "--count",
-                "60",
-                "--interval-ms",
-                "100",
-            ],
-        )
-        .unwrap();
+    let mut ping = long_ping(&c, &target);
     let once = ["e2e-app", "ping", "--connect", &target, "--count", "1"];
     for replica in 0..2 {
         c.control_plane.stop_istiod_replica(replica);

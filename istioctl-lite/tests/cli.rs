@@ -89,10 +89,18 @@ async fn mark_ready(client: &Client, name: &str) {
         .unwrap();
 }
 
-/// What the Deployment controller reports once istiod's pod is up.
+/// What the Deployment controller reports once every one of istiod's pods is up.
 async fn mark_available(client: &Client, name: &str) {
     let api: Api<Deployment> = Api::namespaced(client.clone(), "istio-system");
-    let status = serde_json::json!({"status": {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
+    let n = api
+        .get(name)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .replicas
+        .unwrap_or(1);
+    let status = serde_json::json!({"status": {"replicas": n, "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n}});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
@@ -237,7 +245,7 @@ async fn install_is_idempotent_waits_for_readiness_and_uninstalls() {
         "{err}"
     );
     assert!(
-        err.contains("… Deployment istio-system/istiod: 0/1 available"),
+        err.contains("… Deployment istio-system/istiod: 0/2 available"),
         "{err}"
     );
     assert!(!stdout(&out).contains("DaemonSet/ztunnel applied"));
@@ -248,7 +256,7 @@ async fn install_is_idempotent_waits_for_readiness_and_uninstalls() {
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
-        err.contains("✔ Deployment istio-system/istiod: 1/1 available"),
+        err.contains("✔ Deployment istio-system/istiod: 2/2 available"),
         "{err}"
     );
     assert!(
@@ -265,7 +273,7 @@ async fn install_is_idempotent_waits_for_readiness_and_uninstalls() {
     let progress = stderr(&out);
     assert!(
         progress.contains("DaemonSet istio-system/ztunnel: 1/1 ready")
-            && progress.contains("Deployment istio-system/istiod: 1/1 available"),
+            && progress.contains("Deployment istio-system/istiod: 2/2 available"),
         "{progress}"
     );
 

@@ -1,5 +1,6 @@
 //! Wires istiod-lite's parts together and runs them until SIGTERM.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
@@ -30,6 +31,9 @@ use crate::xds::{self, AdsService, Connections, ResourceStore, XdsMetrics};
 struct Readiness {
     pods: PodIndex,
     model: watch::Receiver<bool>,
+    /// The serving certificate is loaded and 15012 bound: behind a Service, a
+    /// replica gets connections only once it can take them.
+    serving: Arc<AtomicBool>,
 }
 
 impl Ready for Readiness {
@@ -37,7 +41,11 @@ impl Ready for Readiness {
         if !self.pods.is_synced() {
             return Some("the pod index has not synced yet".to_owned());
         }
-        (!*self.model.borrow()).then(|| "the model has not listed every kind yet".to_owned())
+        if !*self.model.borrow() {
+            return Some("the model has not listed every kind yet".to_owned());
+        }
+        (!self.serving.load(Ordering::Relaxed))
+            .then(|| "the gRPC port is not serving yet".to_owned())
     }
 }
 
@@ -119,9 +127,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     ));
+    let serving_grpc = Arc::new(AtomicBool::new(false));
     let readiness = Arc::new(Readiness {
         pods: pods.clone(),
         model: model_synced,
+        serving: serving_grpc.clone(),
     });
     ops::serve_readiness(config.ready_addr, readiness, shutdown.clone())
         .await
@@ -166,6 +176,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let listener = TcpListener::bind(config.grpc_addr)
         .await
         .with_context(|| format!("binding {}", config.grpc_addr))?;
+    serving_grpc.store(true, Ordering::Relaxed);
     let incoming = server::incoming(listener, server::tls_acceptor(serving)?, shutdown.clone());
     info!(addr = %config.grpc_addr, trust_domain = %config.trust_domain, "istiod-lite serving the CA and xDS");
 

@@ -40,19 +40,8 @@ fn free_port() -> u16 {
 }
 
 fn http_get(url: &str) -> Option<String> {
-    // A tiny blocking GET over loopback.
-    let rest = url.strip_prefix("http://")?;
-    let (addr, path) = rest.split_once('/')?;
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    use std::io::{Read, Write};
-    write!(
-        s,
-        "GET /{path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    text.starts_with("HTTP/1.1 200").then_some(text)
+    let (addr, path) = url.strip_prefix("http://")?.split_once('/')?;
+    e2e::mesh::get_ok(addr.parse().ok()?, &format!("/{path}"))
 }
 
 fn pod(ns: &str, name: &str, sa: &str, node: &str) -> Pod {

@@ -119,21 +119,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn http_ok(url: &str) -> Option<()> {
-    let rest = url.strip_prefix("http://")?;
-    let (addr, path) = rest.split_once('/')?;
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    use std::io::{Read, Write};
-    write!(
-        s,
-        "GET /{path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    text.starts_with("HTTP/1.1 200").then_some(())
-}
-
 /// Starts the real binary as replica `pod` (its own ports, the shared CA files).
 async fn replica(pod: &str, dir: &std::path::Path, kubeconfig: &std::path::Path) -> ChildGuard {
     let (grpc, metrics, ready) = (free_port(), free_port(), free_port());
@@ -150,14 +135,14 @@ async fn replica(pod: &str, dir: &std::path::Path, kubeconfig: &std::path::Path)
             e2e::cluster::sweep::owner_marker(),
         );
     let guard = ChildGuard::spawn(&format!("istiod-lite-{pod}-{grpc}"), cmd).unwrap();
-    let url = format!("http://127.0.0.1:{ready}/ready");
+    let ready = std::net::SocketAddr::from(([127, 0, 0, 1], ready));
     // Blocking waits run off the runtime: the API server is served on it.
-    tokio::task::spawn_blocking(
-        move || match wait_for("replica ready", WAIT, || http_ok(&url)) {
-            Ok(()) => guard,
+    tokio::task::spawn_blocking(move || {
+        match wait_for("replica ready", WAIT, || e2e::mesh::get_ok(ready, "/ready")) {
+            Ok(_) => guard,
             Err(e) => panic!("{e}\n{}", guard.log()),
-        },
-    )
+        }
+    })
     .await
     .unwrap()
 }

@@ -200,6 +200,17 @@ fn start_client_with(
     }
 }
 
+/// istiod goes away mid-stream; the client's next stream.
+async fn istiod_restarts(stream: Opened, opened: &mut mpsc::UnboundedReceiver<Opened>) -> Opened {
+    stream
+        .responses
+        .send(Err(Status::unavailable("istiod restarting")))
+        .await
+        .unwrap();
+    drop(stream);
+    accept(opened).await
+}
+
 async fn accept(opened: &mut mpsc::UnboundedReceiver<Opened>) -> Opened {
     tokio::time::timeout(WAIT, opened.recv())
         .await
@@ -418,13 +429,7 @@ async fn a_reconnect_names_what_it_holds_and_the_state_is_served_meanwhile() {
         .unwrap());
 
     // istiod goes away mid-stream.
-    stream
-        .responses
-        .send(Err(Status::unavailable("istiod restarting")))
-        .await
-        .unwrap();
-    drop(stream);
-    let mut stream = accept(&mut opened).await;
+    let mut stream = istiod_restarts(stream, &mut opened).await;
     assert_eq!(
         client.store.snapshot().counts(),
         (2, 0, 1),
@@ -548,13 +553,7 @@ async fn on_demand_subscribes_nothing_then_each_lookup_and_again_after_a_reconne
     // A known address is not asked for again.
     client.store.fetch_address(ip).await;
 
-    stream
-        .responses
-        .send(Err(Status::unavailable("istiod restarting")))
-        .await
-        .unwrap();
-    drop(stream);
-    let mut stream = accept(&mut opened).await;
+    let mut stream = istiod_restarts(stream, &mut opened).await;
     let again = stream.next().await;
     assert_eq!(again.type_url, ADDRESS_TYPE_URL);
     assert_eq!(

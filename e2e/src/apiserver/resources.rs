@@ -101,6 +101,8 @@ pub static RESOURCES: &[Resource] = &[
     res("apps", V1, "deployments", "deployment", "Deployment", true, &["deploy"], true),
     res("discovery.k8s.io", V1, "endpointslices", "endpointslice", "EndpointSlice", true, &[], false),
     res("coordination.k8s.io", V1, "leases", "lease", "Lease", true, &[], false),
+    res("policy", V1, "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", true, &["pdb"], true),
+    res("autoscaling", &["v2"], "horizontalpodautoscalers", "horizontalpodautoscaler", "HorizontalPodAutoscaler", true, &["hpa"], true),
     res("rbac.authorization.k8s.io", V1, "clusterroles", "clusterrole", "ClusterRole", false, &[], false),
     res("rbac.authorization.k8s.io", V1, "clusterrolebindings", "clusterrolebinding", "ClusterRoleBinding", false, &[], false),
     res("rbac.authorization.k8s.io", V1, "roles", "role", "Role", true, &[], false),

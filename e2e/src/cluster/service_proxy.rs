@@ -9,8 +9,8 @@
 //! the chain is empty and a connection is refused, as kube-proxy refuses a Service
 //! without endpoints.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,7 +24,6 @@ use crate::netns::Netns;
 /// The chain holding the Service's endpoints (nat table).
 const CHAIN: &str = "ISTIOD-SVC";
 const POLL: Duration = Duration::from_millis(100);
-const READY_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// One replica: where it serves, and its readiness endpoint.
 #[derive(Clone, Copy, Debug)]
@@ -159,20 +158,7 @@ fn apply(ready: &[SocketAddr]) -> Result<()> {
 }
 
 fn is_ready(addr: SocketAddr) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, READY_TIMEOUT) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(READY_TIMEOUT));
-    if write!(
-        s,
-        "GET /ready HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .is_err()
-    {
-        return false;
-    }
-    let mut status = [0u8; 12];
-    s.read_exact(&mut status).is_ok() && &status == b"HTTP/1.1 200"
+    crate::mesh::get_ok(addr, "/ready").is_some()
 }
 
 #[cfg(test)]

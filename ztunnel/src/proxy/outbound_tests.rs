@@ -21,6 +21,16 @@ const CLIENT: &str = r#"
   protocol: HBONE
 "#;
 
+/// A plain-TCP workload at 127.0.0.3 (not captured: no HBONE).
+const LEGACY: &str = r#"
+- uid: Kubernetes//Pod/test/legacy
+  name: legacy
+  namespace: test
+  serviceAccount: legacy
+  workloadIps: ["127.0.0.3"]
+  protocol: TCP
+"#;
+
 fn outbound(yaml: &str) -> Outbound {
     Outbound::new(inputs(&state(yaml), &certs(), "test", "client"))
 }
@@ -117,16 +127,7 @@ async fn a_connection_that_was_not_redirected_is_refused() {
 async fn destinations_outside_the_mesh_or_without_hbone_pass_through_as_plain_tcp() {
     let outside = echo_server("127.0.0.2").await;
     let legacy = echo_server("127.0.0.3").await;
-    let outbound = outbound(&format!(
-        r#"workloads:{CLIENT}
-- uid: Kubernetes//Pod/test/legacy
-  name: legacy
-  namespace: test
-  serviceAccount: legacy
-  workloadIps: ["127.0.0.3"]
-  protocol: TCP
-"#
-    ));
+    let outbound = outbound(&format!("workloads:{CLIENT}{LEGACY}"));
     let metrics = outbound.inputs.metrics.clone();
     for (dst, workload) in [(outside, "unknown"), (legacy, "legacy")] {
         let (mut app, task) = redirect(&outbound, dst).await;
@@ -169,17 +170,9 @@ async fn on_demand_a_missed_destination_is_fetched_before_it_is_routed() {
     tokio::spawn(async move {
         while let Some((key, waiter)) = lookups.next().await {
             if key == "/127.0.0.3" {
-                let answer = crate::discovery::local::parse_local_config(
-                    r#"workloads:
-- uid: Kubernetes//Pod/test/legacy
-  name: legacy
-  namespace: test
-  serviceAccount: legacy
-  workloadIps: ["127.0.0.3"]
-  protocol: TCP
-"#,
-                )
-                .unwrap();
+                let answer =
+                    crate::discovery::local::parse_local_config(&format!("workloads:{LEGACY}"))
+                        .unwrap();
                 source.replace_source("xds", answer);
             }
             keys.lock().unwrap().push(key);

@@ -423,16 +423,7 @@ fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// `GET path` on loopback: the response (head and body) if it is a 200.
+/// `GET path` on a loopback `addr`: the response (head and body) if it is a 200.
 pub fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    text.starts_with("HTTP/1.1 200").then_some(text)
+    e2e::mesh::get_ok(addr.parse().ok()?, path)
 }
