@@ -946,6 +946,27 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
     .unwrap();
     send_ok(&c, "m", "client", &format!("{vip}:80"), 5_000);
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 25_000.0);
+
+    // By name: the DNS proxy asks istiod for a Service nothing has connected to yet.
+    let named = e2e::cluster::objects::service("m", "named", &[("app", "server")], 80, 9000);
+    let named = c
+        .api()
+        .post("/api/v1/namespaces/m/services", &named)
+        .unwrap();
+    let named_vip = named["spec"]["clusterIP"].as_str().unwrap().to_owned();
+    wait_for("istiod-lite to serve the second Service", T, || {
+        let dump = c.istioctl(&from_control_plane).ok()?;
+        dump.contains(&named_vip).then_some(())
+    })
+    .unwrap();
+    let hosts = c
+        .exec_in_pod("m", "client", &["getent", "hosts", "named"])
+        .unwrap();
+    assert_eq!(
+        hosts.split_whitespace().next(),
+        Some(named_vip.as_str()),
+        "{hosts}"
+    );
 }
 
 /// Two istiod-lite replicas behind istiod's Service: killing the one the ztunnels

@@ -86,6 +86,21 @@ impl LocalZone {
     }
 
     /// The service a candidate names, exactly or through a wildcard host.
+    /// The Kubernetes Services (namespace, hostname) that `name`, asked from
+    /// `namespace`, may be: its candidates of the form `<svc>.<ns>.svc.<domain>`.
+    pub fn service_hostnames(&self, name: &Name, namespace: &str) -> Vec<(String, String)> {
+        let asked = name.to_lowercase().to_ascii();
+        let suffix = format!(".svc.{}", self.cluster_domain);
+        names::candidates(asked.trim_end_matches('.'), namespace, &self.cluster_domain)
+            .into_iter()
+            .filter_map(|c| {
+                let (service, ns) = c.hostname.strip_suffix(&suffix)?.split_once('.')?;
+                (!service.is_empty() && !ns.is_empty() && !ns.contains('.'))
+                    .then(|| (ns.to_owned(), c.hostname.clone()))
+            })
+            .collect()
+    }
+
     fn find(&self, state: &ProxyState, c: &Candidate, namespace: &str) -> Option<Arc<Service>> {
         state
             .service_by_hostname(&c.hostname, namespace)

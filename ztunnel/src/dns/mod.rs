@@ -184,8 +184,12 @@ impl DnsHandler {
         }
     }
 
-    /// The upstream's answer to a forwarded query; SERVFAIL when none answered.
+    /// The upstream's answer to a forwarded query; SERVFAIL when none answered. On
+    /// demand, a Kubernetes Service name the state misses is first asked of istiod.
     pub async fn forward(&self, upstream: Box<Upstream>, protocol: Protocol) -> Vec<u8> {
+        if let Some(answer) = self.answer_on_demand(&upstream.request, protocol).await {
+            return answer;
+        }
         self.metrics
             .upstream_requests
             .get_or_create(&upstream.labels)
@@ -207,6 +211,33 @@ impl DnsHandler {
                 let failure = error(&upstream.request, ResponseCode::ServFail);
                 encode(&failure, protocol, &upstream.request)
             }
+        }
+    }
+
+    /// Fetches the Services the query may name (`<svc>.<ns>.svc.<domain>` forms of
+    /// its candidates) and answers locally if one of them exists.
+    async fn answer_on_demand(&self, request: &Message, protocol: Protocol) -> Option<Vec<u8>> {
+        if !self.state.is_on_demand() {
+            return None;
+        }
+        let query = request.queries().first()?;
+        let namespace = &self.client.namespace;
+        let services = self.zone.service_hostnames(query.name(), namespace);
+        futures::future::join_all(
+            services
+                .iter()
+                .map(|(ns, hostname)| self.state.fetch_service(ns, hostname)),
+        )
+        .await;
+        let state = self.state.snapshot();
+        match self
+            .zone
+            .answer(&state, query.name(), query.query_type(), namespace)
+        {
+            LocalAnswer::Records(records) => {
+                Some(encode(&authoritative(request, records), protocol, request))
+            }
+            LocalAnswer::Unknown => None,
         }
     }
 

@@ -368,3 +368,59 @@ async fn an_unreachable_upstream_is_servfail() {
     ));
     drain.stop_accepting();
 }
+
+/// `XDS_ON_DEMAND`: a Service name the state misses is asked of istiod (Istio's
+/// `namespace/hostname` key) and answered locally once known, with no upstream
+/// involved; a name that is no Kubernetes Service is not asked for.
+#[tokio::test]
+async fn on_demand_a_missed_service_name_is_fetched_and_answered_locally() {
+    let (handler, _) = handler(vec![]);
+    let (demand, mut lookups) = crate::state::demand::Demand::new(String::new());
+    handler.state.enable_on_demand(demand);
+    let state = handler.state.clone();
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keys = asked.clone();
+    // istiod's part: knows demo/late, answers every key.
+    tokio::spawn(async move {
+        while let Some((key, waiter)) = lookups.next().await {
+            if key == "demo/late.demo.svc.cluster.local" {
+                let mut s = (*state.snapshot()).clone();
+                s.insert_service(service(
+                    "late.demo.svc.cluster.local",
+                    [Ipv4Addr::new(10, 96, 0, 30)],
+                ));
+                state.replace_source("xds", s);
+            }
+            keys.lock().unwrap().push(key);
+            let _ = waiter.send(());
+        }
+    });
+
+    // "late" from a pod in demo: its search path makes it late.demo.svc.cluster.local.
+    let q = query("late.", RecordType::A);
+    let Step::Forward(upstream) = handler.step(&q.to_vec().unwrap(), Protocol::Udp) else {
+        panic!("not in the state yet: the query goes the upstream way");
+    };
+    // No upstream is configured: only a local answer can be NOERROR.
+    let answer = Message::from_vec(&handler.forward(upstream, Protocol::Udp).await).unwrap();
+    assert_eq!(answer.response_code(), ResponseCode::NoError);
+    assert_eq!(a_records(&answer), [Ipv4Addr::new(10, 96, 0, 30)]);
+    assert!(asked
+        .lock()
+        .unwrap()
+        .contains(&"demo/late.demo.svc.cluster.local".to_owned()));
+
+    let before = asked.lock().unwrap().len();
+    let q = query("example.com.", RecordType::A);
+    let Step::Forward(upstream) = handler.step(&q.to_vec().unwrap(), Protocol::Udp) else {
+        panic!("an outside name goes upstream");
+    };
+    let answer = Message::from_vec(&handler.forward(upstream, Protocol::Udp).await).unwrap();
+    assert_eq!(answer.response_code(), ResponseCode::ServFail);
+    assert!(
+        asked.lock().unwrap()[before..]
+            .iter()
+            .all(|k| k.ends_with(".svc.cluster.local")),
+        "{asked:?}"
+    );
+}

@@ -129,6 +129,27 @@ impl StateStore {
         demand.fetch(demand.key(ip)).await;
     }
 
+    /// Whether misses are asked for (`XDS_ON_DEMAND`).
+    pub fn is_on_demand(&self) -> bool {
+        self.inner.demand.get().is_some()
+    }
+
+    /// With on-demand discovery, asks for the Service `hostname` of `namespace`
+    /// (Istio's `namespace/hostname` key) unless the state has it, and waits.
+    pub async fn fetch_service(&self, namespace: &str, hostname: &str) {
+        let Some(demand) = self.inner.demand.get() else {
+            return;
+        };
+        if self
+            .snapshot()
+            .service_by_hostname(hostname, namespace)
+            .is_some()
+        {
+            return;
+        }
+        demand.fetch(format!("{namespace}/{hostname}")).await;
+    }
+
     /// The current merged snapshot; use it when several lookups must agree.
     pub fn snapshot(&self) -> Arc<ProxyState> {
         self.inner
