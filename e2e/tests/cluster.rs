@@ -340,6 +340,14 @@ fn ambient_pod(
     p.ip
 }
 
+/// `name`, looked up by `m/client`'s own resolver, is `ip`.
+fn assert_resolves(c: &LocalCluster, name: &str, ip: &str) {
+    let hosts = c
+        .exec_in_pod("m", "client", &["getent", "hosts", name])
+        .unwrap();
+    assert_eq!(hosts.split_whitespace().next(), Some(ip), "{hosts}");
+}
+
 /// Sends `bytes` from `from` until the sink answers; the answer.
 fn send_ok(c: &LocalCluster, ns: &str, from: &str, target: &str, bytes: u64) -> serde_json::Value {
     wait_for(&format!("{from} -> {target}"), T, || {
@@ -397,14 +405,7 @@ fn a_service_vip_is_resolved_by_ztunnel() {
     // And by name: the agent captures DNS by default, and the pod's resolver (kubelet's
     // resolv.conf: clusterDNS, `m.svc.cluster.local` first in the search path) gets
     // the VIP from ztunnel's DNS proxy inside the pod.
-    let hosts = c
-        .exec_in_pod("m", "client", &["getent", "hosts", "sink"])
-        .unwrap();
-    assert_eq!(
-        hosts.split_whitespace().next(),
-        Some(vip.as_str()),
-        "{hosts}"
-    );
+    assert_resolves(&c, "sink", &vip);
     let answer = send_ok(&c, "m", "client", "sink:80", 3_000);
     assert_eq!(answer["bytes"], 3_000);
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 8_000.0);
@@ -959,14 +960,7 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
         dump.contains(&named_vip).then_some(())
     })
     .unwrap();
-    let hosts = c
-        .exec_in_pod("m", "client", &["getent", "hosts", "named"])
-        .unwrap();
-    assert_eq!(
-        hosts.split_whitespace().next(),
-        Some(named_vip.as_str()),
-        "{hosts}"
-    );
+    assert_resolves(&c, "named", &named_vip);
 }
 
 /// Two istiod-lite replicas behind istiod's Service: killing the one the ztunnels
