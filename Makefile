@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup build build-release test lint fmt fuzz demo demo-up bench bench-quick clean
+.PHONY: setup build build-release test lint fmt fuzz demo demo-up demo-dual-stack bench bench-quick clean
 
 setup:
 	./scripts/setup.sh
@@ -38,6 +38,10 @@ demo: setup build
 # The same cluster left running until Ctrl-C, with kubectl/istioctl-lite instructions.
 demo-up: setup build
 	$(CARGO) run -q -p e2e --bin demo -- --up
+
+# The same on a dual-stack cluster: pods and Services with IPv4 and IPv6 addresses.
+demo-dual-stack: setup build
+	$(CARGO) run -q -p e2e --bin demo -- --dual-stack
 
 # Mesh against direct, side by side (needs root). bench-quick is the short run CI uses.
 bench: setup build-release

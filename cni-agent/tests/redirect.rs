@@ -457,6 +457,25 @@ fn discover_finds_a_running_pod_by_ip_and_skips_the_host_netns() {
     child.kill();
 }
 
+#[test]
+fn discover_finds_an_ipv6_only_pod_by_its_ipv6_address() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let node = Node::dual_stack("r6", 206).unwrap();
+    let pod = node.add_pod_ipv6_only("r6", "p").unwrap();
+    let mut child = sleeper(&pod.ns, "redirect-discover6-sleep");
+    let ip: IpAddr = pod.ip.parse().unwrap();
+    assert!(ip.is_ipv6(), "{ip}");
+    let found = ProcScan::new("/proc")
+        .unwrap()
+        .find("0b8d2c1e-unknown-uid", &[ip])
+        .unwrap()
+        .expect("pod netns found by its IPv6 address");
+    assert_eq!(found.netns.inode(), handle(&pod.ns).inode());
+    child.kill();
+}
+
 /// Writes `<root>/<pid>/ns/net` (a symlink to a real netns) and `<root>/<pid>/cgroup`.
 fn proc_entry(root: &Path, pid: u32, netns: &Path, cgroup: &str) {
     let dir = root.join(pid.to_string());

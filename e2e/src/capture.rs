@@ -4,13 +4,14 @@
 //! local cluster enters the cluster bridge exactly once (on the sending node's port), so
 //! capturing the ports' receive side sees every packet on the wire once.
 //!
-//! Only IPv4 TCP is kept (parsed into [`Packet`]); other frames are counted. Kernel
+//! Only TCP over IPv4 or IPv6 is kept (parsed into [`Packet`]); other frames are
+//! counted. Kernel
 //! timestamps (`SO_TIMESTAMPNS`, wall clock) date each packet, so a test can compare
 //! them with [`SystemTime::now`] taken between its steps even when the reader lags.
 //! Drops are read from `PACKET_STATISTICS`: a test that needs "every packet" fails when
 //! the kernel dropped any.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,15 +34,15 @@ const SOL_PACKET: libc::c_int = 263;
 const PACKET_STATISTICS: libc::c_int = 6;
 const PACKET_OUTGOING: u8 = 4;
 
-/// One captured IPv4 TCP segment.
+/// One captured TCP segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet {
     /// When the kernel received it.
     pub time: SystemTime,
     /// The bridge port it entered through.
     pub ifindex: i32,
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub sport: u16,
     pub dport: u16,
     pub seq: u32,
@@ -293,7 +294,8 @@ fn timestamp(msg: &libc::msghdr) -> Option<SystemTime> {
     None
 }
 
-/// Parses an Ethernet frame; `None` unless it is IPv4 TCP.
+/// Parses an Ethernet frame; `None` unless it is TCP over IPv4 or IPv6 (an IPv6
+/// packet whose first next header is TCP: these tests send no extension headers).
 pub fn parse_frame(frame: &[u8], time: SystemTime, ifindex: i32) -> Option<Packet> {
     let mut ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
     let mut off = 14;
@@ -301,22 +303,38 @@ pub fn parse_frame(frame: &[u8], time: SystemTime, ifindex: i32) -> Option<Packe
         ethertype = u16::from_be_bytes([*frame.get(16)?, *frame.get(17)?]);
         off = 18;
     }
-    if ethertype != 0x0800 {
-        return None;
-    }
     let ip = frame.get(off..)?;
-    if ip.first()? >> 4 != 4 || *ip.get(9)? != 6 {
-        return None;
-    }
-    let ihl = usize::from(ip[0] & 0x0f) * 4;
     // The IP length trims Ethernet padding; 0 (a GSO super-frame) means "the rest".
-    let total = match usize::from(u16::from_be_bytes([ip[2], ip[3]])) {
+    let trim = |len: usize, header: usize| match len {
         0 => ip.len(),
-        t => t.min(ip.len()),
+        n => (n + header).min(ip.len()),
     };
-    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
-    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
-    let tcp = ip.get(ihl..total)?;
+    let (src, dst, tcp) = match ethertype {
+        0x0800 => {
+            if ip.first()? >> 4 != 4 || *ip.get(9)? != 6 {
+                return None;
+            }
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            let total = trim(usize::from(u16::from_be_bytes([ip[2], ip[3]])), 0);
+            let src: [u8; 4] = ip.get(12..16)?.try_into().ok()?;
+            let dst: [u8; 4] = ip.get(16..20)?.try_into().ok()?;
+            (IpAddr::from(src), IpAddr::from(dst), ip.get(ihl..total)?)
+        }
+        0x86dd => {
+            if ip.first()? >> 4 != 6 || *ip.get(6)? != 6 {
+                return None;
+            }
+            let total = trim(usize::from(u16::from_be_bytes([ip[4], ip[5]])), 40);
+            let src: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
+            let dst: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
+            (
+                IpAddr::from(Ipv6Addr::from(src)),
+                IpAddr::from(Ipv6Addr::from(dst)),
+                ip.get(40..total)?,
+            )
+        }
+        _ => return None,
+    };
     let doff = usize::from(*tcp.get(12)? >> 4) * 4;
     Some(Packet {
         time,
@@ -334,8 +352,8 @@ pub fn parse_frame(frame: &[u8], time: SystemTime, ifindex: i32) -> Option<Packe
 /// One TCP connection as seen on the wire, keyed by its initiator's view.
 #[derive(Debug, Clone)]
 pub struct Flow {
-    pub client: (Ipv4Addr, u16),
-    pub server: (Ipv4Addr, u16),
+    pub client: (IpAddr, u16),
+    pub server: (IpAddr, u16),
     /// When its first packet (normally the SYN) was seen.
     pub start: SystemTime,
     /// Whether the SYN was captured (else the initiator is a guess: the first sender).
@@ -355,7 +373,7 @@ pub struct Flow {
 /// Groups packets into flows. A new SYN on a 4-tuple seen before starts a new flow.
 pub fn flows(packets: &[Packet]) -> Vec<Flow> {
     use std::collections::HashMap;
-    type End = (Ipv4Addr, u16);
+    type End = (IpAddr, u16);
     let mut out: Vec<Flow> = Vec::new();
     let mut index: HashMap<(End, End), usize> = HashMap::new();
     // Lowest sequence number holding payload, per flow and direction.
@@ -424,6 +442,7 @@ pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     fn frame(
         src: [u8; 4],
@@ -434,13 +453,34 @@ mod tests {
         flags: u8,
         payload: &[u8],
     ) -> Vec<u8> {
-        let mut f = vec![0u8; 12];
-        f.extend_from_slice(&[0x08, 0x00]);
         let total = (20 + 20 + payload.len()) as u16;
         let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
         ip[2..4].copy_from_slice(&total.to_be_bytes());
         ip.extend_from_slice(&src);
         ip.extend_from_slice(&dst);
+        with_tcp(0x0800, ip, sport, dport, seq, flags, payload)
+    }
+
+    fn frame6(src: Ipv6Addr, dst: Ipv6Addr, dport: u16, payload: &[u8]) -> Vec<u8> {
+        let len = (20 + payload.len()) as u16;
+        let mut ip = vec![0x60, 0, 0, 0, 0, 0, 6, 64];
+        ip[4..6].copy_from_slice(&len.to_be_bytes());
+        ip.extend_from_slice(&src.octets());
+        ip.extend_from_slice(&dst.octets());
+        with_tcp(0x86dd, ip, 40000, dport, 1, ACK, payload)
+    }
+
+    fn with_tcp(
+        ethertype: u16,
+        ip: Vec<u8>,
+        sport: u16,
+        dport: u16,
+        seq: u32,
+        flags: u8,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&ethertype.to_be_bytes());
         let mut tcp = Vec::new();
         tcp.extend_from_slice(&sport.to_be_bytes());
         tcp.extend_from_slice(&dport.to_be_bytes());
@@ -470,10 +510,8 @@ mod tests {
             b"\x16\x03\x01",
         );
         let p = parse_frame(&f, at(1), 3).unwrap();
-        assert_eq!(
-            (p.src, p.dst),
-            (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2))
-        );
+        let v4 = |a, b, c, d| IpAddr::from(Ipv4Addr::new(a, b, c, d));
+        assert_eq!((p.src, p.dst), (v4(10, 0, 0, 1), v4(10, 0, 0, 2)));
         assert_eq!((p.sport, p.dport, p.seq), (40000, 15008, 7));
         assert_eq!(p.payload, b"\x16\x03\x01");
         let mut arp = f.clone();
@@ -483,6 +521,20 @@ mod tests {
         udp[14 + 9] = 17;
         assert!(parse_frame(&udp, at(1), 3).is_none());
         assert!(parse_frame(&f[..20], at(1), 3).is_none());
+    }
+
+    #[test]
+    fn parses_ipv6_tcp_and_skips_other_next_headers() {
+        let (a, b): (Ipv6Addr, Ipv6Addr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+        let f = frame6(a, b, 9001, b"zte-marker");
+        let p = parse_frame(&f, at(1), 3).unwrap();
+        assert_eq!((p.src, p.dst), (IpAddr::from(a), IpAddr::from(b)));
+        assert_eq!((p.sport, p.dport), (40000, 9001));
+        assert_eq!(p.payload, b"zte-marker");
+        let mut udp = f.clone();
+        udp[14 + 6] = 17;
+        assert!(parse_frame(&udp, at(1), 3).is_none());
+        assert!(parse_frame(&f[..50], at(1), 3).is_none());
     }
 
     #[test]
@@ -507,7 +559,7 @@ mod tests {
         assert_eq!(flows.len(), 2);
         let tls = &flows[0];
         assert!(tls.saw_syn);
-        assert_eq!(tls.server, (Ipv4Addr::from(b), 15008));
+        assert_eq!(tls.server, (IpAddr::from(b), 15008));
         assert_eq!(
             (tls.first_to_server, tls.first_to_client),
             (Some(0x16), Some(0x16))

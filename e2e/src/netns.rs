@@ -122,6 +122,11 @@ impl Drop for Netns {
 
 /// Joins `a` and `b` with a veth pair and gives each end an address (CIDR form).
 pub fn link(a: &Netns, a_addr: &str, b: &Netns, b_addr: &str) -> Result<()> {
+    link_addrs(a, &[a_addr], b, &[b_addr])
+}
+
+/// [`link`] with any number of addresses per end (e.g. one per IP family).
+pub fn link_addrs(a: &Netns, a_addrs: &[&str], b: &Netns, b_addrs: &[&str]) -> Result<()> {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     // Created inside `a` and moved, so no link ever appears in the root namespace.
@@ -139,11 +144,23 @@ pub fn link(a: &Netns, a_addr: &str, b: &Netns, b_addr: &str) -> Result<()> {
         "netns",
         b.name(),
     ])?;
-    a.exec(&["ip", "addr", "add", a_addr, "dev", &a_if])?;
-    a.exec(&["ip", "link", "set", &a_if, "up"])?;
-    b.exec(&["ip", "addr", "add", b_addr, "dev", &b_if])?;
-    b.exec(&["ip", "link", "set", &b_if, "up"])?;
+    for (ns, dev, addrs) in [(a, &a_if, a_addrs), (b, &b_if, b_addrs)] {
+        for addr in addrs {
+            add_addr(ns, addr, dev)?;
+        }
+        ns.exec(&["ip", "link", "set", dev, "up"])?;
+    }
     Ok(())
+}
+
+/// `ip addr add`; an IPv6 address skips duplicate address detection, so it is usable
+/// at once (nothing else on these links could hold it).
+pub fn add_addr(ns: &Netns, addr: &str, dev: &str) -> Result<()> {
+    let mut args = vec!["ip", "addr", "add", addr, "dev", dev];
+    if addr.contains(':') {
+        args.push("nodad");
+    }
+    ns.exec(&args).map(|_| ())
 }
 
 /// Deletes namespaces named by this harness whose creating process is gone, and their

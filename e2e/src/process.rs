@@ -10,6 +10,8 @@ use crate::cluster::sweep::{owner_marker, OWNER_ENV};
 #[derive(Debug)]
 pub struct ChildGuard {
     name: String,
+    /// This process's own log: two guards of one name never share one.
+    log_path: std::path::PathBuf,
     child: Option<Child>,
     /// The child leads its own process group, killed as a whole.
     group: bool,
@@ -38,7 +40,7 @@ impl ChildGuard {
         if group {
             std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         }
-        let log_path = Self::log_path_for(name);
+        let log_path = Self::new_log_path(name);
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;
         cmd.stdin(Stdio::null())
@@ -49,14 +51,17 @@ impl ChildGuard {
             .with_context(|| format!("starting {name}: {cmd:?}"))?;
         Ok(ChildGuard {
             name: name.to_owned(),
+            log_path,
             child: Some(child),
             group,
         })
     }
 
-    fn log_path_for(name: &str) -> std::path::PathBuf {
+    fn new_log_path(name: &str) -> std::path::PathBuf {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         std::env::temp_dir().join(format!(
-            "{}{}-{name}.log",
+            "{}{}-{name}-{n}.log",
             crate::netns::PREFIX,
             std::process::id()
         ))
@@ -68,7 +73,7 @@ impl ChildGuard {
 
     /// What the process has printed so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(Self::log_path_for(&self.name)).unwrap_or_default()
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     /// Sends `signal` to the process (e.g. `libc::SIGTERM`).
@@ -110,6 +115,8 @@ impl Drop for ChildGuard {
         self.kill();
         if std::thread::panicking() {
             eprintln!("--- log of {} ---\n{}", self.name, self.log());
+        } else {
+            let _ = std::fs::remove_file(&self.log_path);
         }
     }
 }

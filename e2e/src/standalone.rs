@@ -1,7 +1,8 @@
-//! Two dedicated-mode ztunnels ("VMs") in two namespaces joined by a veth pair,
+//! Two dedicated-mode ztunnels ("VMs") in two namespaces joined by a dual-stack veth
+//! pair,
 //! configured only through Istio's environment variables and an Istio-format local
-//! config. A's outbound TCP is captured with `ztunnel capture apply` (REDIRECT to
-//! 15001, skipping mark 0x539); B's ztunnel terminates HBONE on 15008.
+//! config. A's outbound TCP of both families is captured with `ztunnel capture apply`
+//! (REDIRECT to 15001, skipping mark 0x539); B's ztunnel terminates HBONE on 15008.
 //!
 //! Used by the standalone tests, the standalone demo and the benchmarks.
 
@@ -11,11 +12,14 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::mesh;
-use crate::netns::{link, Netns};
+use crate::netns::{link_addrs, Netns};
 use crate::process::{wait_for, ChildGuard};
 
 pub const CLIENT_IP: &str = "10.10.0.1";
 pub const SERVER_IP: &str = "10.10.0.2";
+/// The VMs are dual-stack: these are their IPv6 addresses.
+pub const CLIENT_IP6: &str = "fd00:10:10::1";
+pub const SERVER_IP6: &str = "fd00:10:10::2";
 pub const SERVICE_VIP: &str = "10.96.0.10";
 pub const CLIENT_PRINCIPAL: &str = "spiffe://cluster.local/ns/vms/sa/client";
 pub const SERVER_PRINCIPAL: &str = "spiffe://cluster.local/ns/vms/sa/server";
@@ -42,14 +46,14 @@ pub fn local_config(policies: &str) -> String {
   name: client-vm
   namespace: vms
   serviceAccount: client
-  workloadIps: ["{CLIENT_IP}"]
+  workloadIps: ["{CLIENT_IP}", "{CLIENT_IP6}"]
   protocol: HBONE
   node: vm-a
 - uid: Kubernetes//v1/VM/vms/server-vm
   name: server-vm
   namespace: vms
   serviceAccount: server
-  workloadIps: ["{SERVER_IP}"]
+  workloadIps: ["{SERVER_IP}", "{SERVER_IP6}"]
   protocol: HBONE
   node: vm-b
   services:
@@ -94,11 +98,11 @@ impl Standalone {
 
         let a = Netns::new(&format!("{tag}a"))?;
         let b = Netns::new(&format!("{tag}b"))?;
-        link(
+        link_addrs(
             &a,
-            &format!("{CLIENT_IP}/24"),
+            &[&format!("{CLIENT_IP}/24"), &format!("{CLIENT_IP6}/64")],
             &b,
-            &format!("{SERVER_IP}/24"),
+            &[&format!("{SERVER_IP}/24"), &format!("{SERVER_IP6}/64")],
         )?;
         // The VIP range is routed towards B, like a ClusterIP range: only capture
         // gives it meaning.
@@ -122,7 +126,7 @@ impl Standalone {
         let ztunnel = mesh::binary("ztunnel")?;
         let (direct_sink, direct_echo) =
             (DIRECT_SINK_PORT.to_string(), DIRECT_ECHO_PORT.to_string());
-        a.exec(&[
+        let capture = [
             ztunnel.to_str().context("path")?,
             "capture",
             "apply",
@@ -132,7 +136,9 @@ impl Standalone {
             &direct_echo,
             "--exclude-port",
             "5202",
-        ])?;
+        ];
+        a.exec(&capture)?;
+        a.exec(&[&capture[..], &["--ipv6"]].concat())?;
 
         let app = mesh::binary("e2e-app")?;
         let mut apps = Vec::new();
@@ -143,7 +149,8 @@ impl Standalone {
             ("echo", DIRECT_ECHO_PORT),
         ] {
             let mut cmd = b.command(app.to_str().context("path")?);
-            cmd.args([mode, "--listen", &format!("0.0.0.0:{port}")]);
+            // `[::]`: both families (the apps report IPv4 peers unmapped).
+            cmd.args([mode, "--listen", &format!("[::]:{port}")]);
             apps.push(ChildGuard::spawn(
                 &format!("{mode}{port}-{}", b.name()),
                 cmd,

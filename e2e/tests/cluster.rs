@@ -1054,3 +1054,91 @@ fn a_rolling_update_of_istiod_loses_no_connection() {
     assert!(status.success(), "the connection broke: {}", ping.log());
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 62.0 * 64.0);
 }
+
+// ---------------------------------------------------------------- dual-stack
+
+#[test]
+fn a_dual_stack_cluster_carries_both_families_over_hbone() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::dual_stack("ds6").unwrap();
+    c.create_namespace("m", &[AMBIENT]).unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    // `[::]` accepts both families; the sink reports IPv4 peers unmapped.
+    let sink6 = ["e2e-app", "sink", "--listen", "[::]:9000"];
+    ambient_pod(&c, "server", 2, "server", &[("app", "server")], &sink6);
+    ambient_pod(&c, "near", 1, "near", &[("app", "near")], &sink6);
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    let ips = |name| c.pod("m", name).unwrap().ips;
+    let (client, server, near) = (ips("client"), ips("server"), ips("near"));
+    assert!(
+        client.len() == 2 && client[1].starts_with("fd00:10:244:1::"),
+        "{client:?}"
+    );
+    let pod = c.get_pod("m", "client").unwrap();
+    assert_eq!(pod["status"]["podIPs"][1]["ip"], client[1].as_str());
+
+    // Pod to pod across nodes and on one node, each family; the server sees the
+    // client's address of that family, and every byte crossed HBONE over mTLS.
+    let bracket = |ip: &str| {
+        if ip.contains(':') {
+            format!("[{ip}]")
+        } else {
+            ip.to_owned()
+        }
+    };
+    let mut sent = [0.0, 0.0];
+    for (node, dst) in [(2u8, &server), (1, &near)] {
+        for family in 0..2 {
+            let target = format!("{}:9000", bracket(&dst[family]));
+            let answer = send_ok(&c, "m", "client", &target, 10_000);
+            let peer = answer["peer"].as_str().unwrap_or_default();
+            let expected = format!("{}:", bracket(&client[family]));
+            assert!(peer.starts_with(&expected), "{target}: server saw {peer}");
+            sent[usize::from(node) - 1] += 10_000.0;
+        }
+    }
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), sent[1]);
+    assert_mtls(&c, 1, ("m", "client"), ("m", "near"), sent[0]);
+
+    // A dual-stack Service: a ClusterIP of each family, each routed to the endpoint
+    // over HBONE, and AAAA answered by ztunnel's DNS proxy.
+    let mut svc = e2e::cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
+    svc["spec"]["ipFamilyPolicy"] = "PreferDualStack".into();
+    let svc = c.api().post("/api/v1/namespaces/m/services", &svc).unwrap();
+    let vips: Vec<String> = serde_json::from_value(svc["spec"]["clusterIPs"].clone()).unwrap();
+    assert!(
+        vips.len() == 2 && vips[1].starts_with("fd00:10:96::"),
+        "{svc}"
+    );
+    assert_eq!(
+        svc["spec"]["ipFamilies"],
+        serde_json::json!(["IPv4", "IPv6"])
+    );
+    for vip in &vips {
+        let answer = send_ok(&c, "m", "client", &format!("{}:80", bracket(vip)), 5_000);
+        assert_eq!(answer["bytes"], 5_000);
+    }
+    assert_mtls(&c, 2, ("m", "client"), ("m", "server"), sent[1] + 10_000.0);
+    let v6 = c
+        .exec_in_pod("m", "client", &["getent", "ahostsv6", "sink"])
+        .unwrap();
+    assert!(v6.contains(&vips[1]), "{v6}");
+
+    // A policy denying node-1's IPv6 pod range to `near`: IPv6 is refused, IPv4 from
+    // the same client still passes.
+    c.kubectl_apply(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-v6, namespace: m}\n\
+         spec:\n  selector: {matchLabels: {app: near}}\n  action: DENY\n  rules:\n  \
+         - from: [{source: {ipBlocks: [\"fd00:10:244:1::/64\"]}}]\n",
+    )
+    .unwrap();
+    let near6 = format!("[{}]:9000", near[1]);
+    wait_for("the policy to deny IPv6", T, || {
+        c.send("m", "client", &near6, 100).err()
+    })
+    .unwrap();
+    send_ok(&c, "m", "client", &format!("{}:9000", near[0]), 100);
+}

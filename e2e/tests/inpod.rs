@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use cni_agent::redirect::rules::InpodRules;
 use e2e::mesh::{self, metric_sum, ztunnel_metrics};
 use e2e::pods::{connect_nodes, Node, Pod};
 use e2e::process::{wait_for, ChildGuard};
@@ -14,6 +15,8 @@ const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/demo/sa/server";
 
 /// Two nodes; pods `client` and `local-server` on node 1, `server` on node 2.
+/// Dual-stack, node 2 also has `only6` (IPv6 only) and `no-ipv6` (IPv6 disabled in
+/// its namespace), both serving as `server`.
 struct Cluster {
     apps: Vec<ChildGuard>,
     ztunnels: Vec<Option<ChildGuard>>,
@@ -21,17 +24,35 @@ struct Cluster {
     client: Pod,
     local_server: Pod,
     server: Pod,
+    only6: Option<Pod>,
+    no_ipv6: Option<Pod>,
     nodes: Vec<Node>,
     dir: tempfile::TempDir,
 }
 
 fn workload(pod: &Pod, sa: &str, node: &str) -> String {
+    let ips: Vec<String> = std::iter::once(&pod.ip)
+        .chain(&pod.ip6)
+        .map(|ip| format!("\"{ip}\""))
+        .collect();
     format!(
-        "- uid: uid-{name}\n  name: {name}\n  namespace: demo\n  serviceAccount: {sa}\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: {node}\n",
+        "- uid: uid-{name}\n  name: {name}\n  namespace: demo\n  serviceAccount: {sa}\n  workloadIps: [{ips}]\n  protocol: HBONE\n  node: {node}\n",
         name = pod.name,
-        ip = pod.ip
+        ips = ips.join(", ")
     )
 }
+
+/// Denies the client's IPv6 prefix to the servers' echo port (9001) only.
+const DENY_CLIENT_IPV6_TO_ECHO: &str = "\
+policies:
+- name: deny-client-ipv6-echo
+  namespace: demo
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - sourceIps: [\"fd00:10:244:1::/64\"]
+    - - destinationPorts: [9001]
+";
 
 fn info(pod: &Pod, sa: &str) -> WorkloadInfo {
     WorkloadInfo {
@@ -43,19 +64,48 @@ fn info(pod: &Pod, sa: &str) -> WorkloadInfo {
 
 impl Cluster {
     fn new(tag: &str) -> Result<Self> {
+        Self::build(tag, false)
+    }
+
+    /// Dual-stack nodes and pods: every pod has an IPv4 and an IPv6 address, is
+    /// captured for both families (the agent's rule sets), and its apps listen on both.
+    fn dual_stack(tag: &str) -> Result<Self> {
+        Self::build(tag, true)
+    }
+
+    fn build(tag: &str, dual_stack: bool) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         mesh::ca_init(&dir.path().join("ca"))?;
-        let nodes = vec![Node::new(tag, 1)?, Node::new(tag, 2)?];
+        let node = if dual_stack {
+            Node::dual_stack
+        } else {
+            Node::new
+        };
+        let nodes = vec![node(tag, 1)?, node(tag, 2)?];
         connect_nodes(&nodes[0], &nodes[1])?;
         let client = nodes[0].add_pod(tag, "client")?;
         let local_server = nodes[0].add_pod(tag, "local-server")?;
         let server = nodes[1].add_pod(tag, "server")?;
-        let config = format!(
+        let (only6, no_ipv6) = if dual_stack {
+            (
+                Some(nodes[1].add_pod_ipv6_only(tag, "only6")?),
+                Some(nodes[1].add_pod_without_ipv6(tag, "no-ipv6")?),
+            )
+        } else {
+            (None, None)
+        };
+        let mut config = format!(
             "workloads:\n{}{}{}",
             workload(&client, "client", "node1"),
             workload(&local_server, "server", "node1"),
-            workload(&server, "server", "node2")
+            workload(&server, "server", "node2"),
         );
+        for pod in only6.iter().chain(&no_ipv6) {
+            config.push_str(&workload(pod, "server", "node2"));
+        }
+        if dual_stack {
+            config.push_str(DENY_CLIENT_IPV6_TO_ECHO);
+        }
         std::fs::write(dir.path().join("config.yaml"), config)?;
         let mut cluster = Cluster {
             apps: vec![],
@@ -64,6 +114,8 @@ impl Cluster {
             client,
             local_server,
             server,
+            only6,
+            no_ipv6,
             nodes,
             dir,
         };
@@ -72,23 +124,45 @@ impl Cluster {
             cluster.agents.push(agent);
             cluster.ztunnels.push(Some(cluster.start_ztunnel(i)?));
         }
-        for pod in [&cluster.client, &cluster.local_server, &cluster.server] {
-            pod.capture()?;
+        let both_families = InpodRules {
+            ipv6: true,
+            ..Default::default()
+        };
+        let pods = [&cluster.client, &cluster.local_server, &cluster.server];
+        for pod in pods.into_iter().chain(&cluster.only6) {
+            if dual_stack {
+                pod.capture_with(&both_families)?;
+            } else {
+                pod.capture()?;
+            }
+        }
+        if let Some(pod) = &cluster.no_ipv6 {
+            pod.capture()?; // as the agent does for a pod without an IPv6 address
         }
         cluster.enroll(0, &cluster.client, "client")?;
         cluster.enroll(0, &cluster.local_server, "server")?;
         cluster.enroll(1, &cluster.server, "server")?;
+        for pod in cluster.only6.iter().chain(&cluster.no_ipv6) {
+            cluster.enroll(1, pod, "server")?;
+        }
+        // `[::]` takes both families (and the app reports IPv4 peers unmapped).
+        let any = if dual_stack { "[::]" } else { "0.0.0.0" };
+        let mut apps = Vec::new();
         for pod in [&cluster.local_server, &cluster.server] {
-            for (mode, port) in [("sink", "9000"), ("echo", "9001")] {
-                let mut cmd = pod
-                    .ns
-                    .command(mesh::binary("e2e-app")?.to_str().context("path")?);
-                cmd.args([mode, "--listen", &format!("0.0.0.0:{port}")]);
-                cluster.apps.push(ChildGuard::spawn(
-                    &format!("{mode}-{}", pod.ns.name()),
-                    cmd,
-                )?);
-            }
+            apps.push((pod, "sink", format!("{any}:9000")));
+            apps.push((pod, "echo", format!("{any}:9001")));
+        }
+        if let (Some(only6), Some(no_ipv6)) = (&cluster.only6, &cluster.no_ipv6) {
+            apps.push((only6, "sink", "[::]:9000".into()));
+            apps.push((no_ipv6, "sink", "0.0.0.0:9000".into()));
+        }
+        let app = mesh::binary("e2e-app")?;
+        let app = app.to_str().context("path")?;
+        for (pod, mode, listen) in apps {
+            let mut cmd = pod.ns.command(app);
+            cmd.args([mode, "--listen", &listen]);
+            let guard = ChildGuard::spawn(&format!("{mode}-{}", pod.ns.name()), cmd)?;
+            cluster.apps.push(guard);
         }
         let target = format!("{}:9000", cluster.server.ip);
         wait_for("the apps", Duration::from_secs(10), || {
@@ -251,6 +325,116 @@ fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
             "no {proto} [::1]:15053: {sockets}"
         );
     }
+    Ok(())
+}
+
+/// One echo round trip from the client pod to `target`; whether it came back.
+fn echo_once(cluster: &Cluster, target: &str) -> Result<bool> {
+    let app = mesh::binary("e2e-app")?;
+    let app = app.to_str().context("path")?;
+    let status = cluster
+        .client
+        .ns
+        .command(app)
+        .args(["ping", "--connect", target, "--count", "1"])
+        .output()?
+        .status;
+    Ok(status.success())
+}
+
+#[test]
+fn dual_stack_pods_talk_over_hbone_on_both_families() -> Result<()> {
+    if !e2e::can_run_root_tests() {
+        return Ok(());
+    }
+    let cluster = Cluster::dual_stack("ip6")?;
+    const SIZE: u64 = 1024 * 1024;
+    let v6 = |pod: &Pod| -> Result<String> {
+        Ok(format!(
+            "[{}]",
+            pod.ip6.as_deref().context("no IPv6 address")?
+        ))
+    };
+    let client6 = v6(&cluster.client)?;
+
+    // Across nodes and on one node, each over both families: the server sees the
+    // client's own address of that family.
+    for server in [&cluster.server, &cluster.local_server] {
+        for (dst, src) in [
+            (server.ip.clone(), cluster.client.ip.clone()),
+            (v6(server)?, client6.clone()),
+        ] {
+            let answer = cluster.send(&format!("{dst}:9000"), SIZE)?;
+            let peer = answer["peer"].as_str().unwrap_or_default();
+            assert!(
+                peer.starts_with(&format!("{src}:")),
+                "{dst}: server saw {peer}"
+            );
+        }
+    }
+    // All four went over mTLS with both identities (IPv6 included: nothing else
+    // reaches a captured pod, the rules send it to ztunnel's `[::]`/`[::1]` sockets).
+    let mtls = [
+        ("source_principal", CLIENT),
+        ("destination_principal", SERVER),
+        ("connection_security_policy", "mutual_tls"),
+    ];
+    let sum = |node: usize, reporter| -> Result<f64> {
+        let text = ztunnel_metrics(&cluster.nodes[node].ns)?;
+        let mut labels = vec![("reporter", reporter)];
+        labels.extend(mtls);
+        Ok(metric_sum(&text, "istio_tcp_received_bytes_total", &labels))
+    };
+    assert!(sum(0, "source")? >= 4.0 * SIZE as f64);
+    assert!(sum(1, "destination")? >= 2.0 * SIZE as f64);
+    let ports = listening_ports(&cluster.server.ns)?;
+    for socket in [
+        "127.0.0.1:15001",
+        "[::1]:15001",
+        "0.0.0.0:15008",
+        "[::]:15008",
+        "0.0.0.0:15006",
+        "[::]:15006",
+    ] {
+        assert!(ports.contains(socket), "server pod lacks {socket}: {ports}");
+    }
+
+    // A policy denying the client's IPv6 prefix to port 9001: IPv6 is refused, IPv4
+    // to the same port still passes.
+    let server6 = v6(&cluster.server)?;
+    assert!(echo_once(&cluster, &format!("{}:9001", cluster.server.ip))?);
+    assert!(!echo_once(&cluster, &format!("{server6}:9001"))?);
+    let node2 = ztunnel_metrics(&cluster.nodes[1].ns)?;
+    let denied = [("response_flags", "DENY"), ("source_principal", CLIENT)];
+    assert!(
+        metric_sum(&node2, "istio_tcp_connections_failed_total", &denied) >= 1.0,
+        "{node2}"
+    );
+
+    // An IPv6-only pod is reached over IPv6, as any other.
+    let only6 = cluster.only6.as_ref().context("no IPv6-only pod")?;
+    let answer = cluster.send(&format!("[{}]:9000", only6.ip), SIZE)?;
+    let peer = answer["peer"].as_str().unwrap_or_default();
+    assert!(
+        peer.starts_with(&format!("{client6}:")),
+        "server saw {peer}"
+    );
+
+    // A pod whose namespace has IPv6 disabled (no `::1`) was enrolled and is served
+    // over IPv4: its IPv6 sockets were skipped, the add did not fail.
+    let no_ipv6 = cluster.no_ipv6.as_ref().context("no IPv4-only pod")?;
+    let ports = listening_ports(&no_ipv6.ns)?;
+    assert!(
+        ports.contains("127.0.0.1:15001") && !ports.contains("[::1]:15001"),
+        "{ports}"
+    );
+    let answer = cluster.send(&format!("{}:9000", no_ipv6.ip), SIZE)?;
+    let peer = answer["peer"].as_str().unwrap_or_default();
+    assert!(
+        peer.starts_with(&format!("{}:", cluster.client.ip)),
+        "server saw {peer}"
+    );
+    assert!(sum(1, "destination")? >= 4.0 * SIZE as f64);
     Ok(())
 }
 

@@ -5,15 +5,16 @@
 //!
 //! The capture is an `AF_PACKET` socket in the control-plane namespace reading every
 //! frame that enters the cluster bridge from a node's port (`n11`, `n12`): each packet
-//! between nodes once (see `e2e::capture`). Both pods stream marker-carrying payloads
-//! to each other's echo server on new connections every few ms.
+//! between nodes once (see `e2e::capture`). The cluster is dual-stack: both pods stream
+//! marker-carrying payloads to each other's echo server on new connections every few
+//! ms, over IPv4 and over IPv6.
 //!
 //! A flow is judged when both its ends are pods that every ztunnel already knew as HBONE
 //! when its first packet (the SYN) crossed, plus [`MARGIN`]: before that, plaintext is
 //! legitimate (the namespace is not enrolled yet, or a peer node's ztunnel has not
 //! learned that a new pod speaks HBONE: Istio's enrollment window, which STRICT closes).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -52,24 +53,21 @@ fn capture(c: &LocalCluster) -> Capture {
     Capture::start(&c.control_plane.ns, &ports).expect("starting the capture")
 }
 
+/// An echo server for both families (on a single-stack pod `[::]` takes IPv4 alone).
 fn echo() -> Vec<String> {
-    [
-        "e2e-app",
-        "echo",
-        "--listen",
-        &format!("0.0.0.0:{ECHO_PORT}"),
-    ]
-    .map(String::from)
-    .to_vec()
+    ["e2e-app", "echo", "--listen", &format!("[::]:{ECHO_PORT}")]
+        .map(String::from)
+        .to_vec()
 }
 
 fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// A stream of marker-carrying connections from pod `from` to `to`'s echo server.
+/// A stream of marker-carrying connections from pod `from` to `to`'s echo server
+/// (`to` is an address of either family).
 fn stream(c: &LocalCluster, ns: &str, from: &str, to: &str, interval_ms: u64) -> ChildGuard {
-    let target = format!("{to}:{ECHO_PORT}");
+    let target = std::net::SocketAddr::new(to.parse().expect("an IP"), ECHO_PORT).to_string();
     let interval = interval_ms.to_string();
     c.spawn_in_pod(
         ns,
@@ -88,6 +86,10 @@ fn stream(c: &LocalCluster, ns: &str, from: &str, to: &str, interval_ms: u64) ->
         ],
     )
     .unwrap()
+}
+
+fn all(streams: &[ChildGuard]) -> Vec<&ChildGuard> {
+    streams.iter().collect()
 }
 
 /// (succeeded, failed) exchanges a stream reported so far.
@@ -128,8 +130,20 @@ fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-fn ipv4(s: &str) -> Ipv4Addr {
-    s.parse().expect("an IPv4 pod address")
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("a pod IP")
+}
+
+/// Streams between pods `a` and `b` of namespace `np`, both ways, to every address
+/// of the other (one per family).
+fn streams_between(c: &LocalCluster, a: &[String], b: &[String]) -> Vec<ChildGuard> {
+    let mut streams = Vec::new();
+    for (from, to) in [("a", b), ("b", a)] {
+        for ip in to {
+            streams.push(stream(c, "np", from, ip, 20));
+        }
+    }
+    streams
 }
 
 /// Waits until every node's ztunnel knows `ip` as HBONE.
@@ -141,28 +155,33 @@ fn wait_seen_everywhere(c: &LocalCluster, ip: &str) {
 
 /// When each pod IP was known as HBONE by every ztunnel: `[since, until)`.
 #[derive(Default)]
-struct Timeline(Vec<(Ipv4Addr, SystemTime, Option<SystemTime>)>);
+struct Timeline(Vec<(IpAddr, SystemTime, Option<SystemTime>)>);
 
 impl Timeline {
-    fn enrolled(&mut self, ip: &str) {
-        self.0.push((ipv4(ip), SystemTime::now(), None));
+    /// A pod's addresses (every family: one workload) are known from now.
+    fn enrolled(&mut self, ips: &[String]) {
+        let now = SystemTime::now();
+        for ip in ips {
+            self.0.push((self::ip(ip), now, None));
+        }
     }
 
-    fn gone(&mut self, ip: &str) {
+    fn gone(&mut self, ips: &[String]) {
         let now = SystemTime::now();
+        let ips: Vec<IpAddr> = ips.iter().map(|s| ip(s)).collect();
         for (i, _, until) in &mut self.0 {
-            if *i == ipv4(ip) && until.is_none() {
+            if ips.contains(i) && until.is_none() {
                 *until = Some(now);
             }
         }
     }
 
-    fn pod_ips(&self) -> Vec<Ipv4Addr> {
+    fn pod_ips(&self) -> Vec<IpAddr> {
         self.0.iter().map(|(ip, _, _)| *ip).collect()
     }
 
     /// Whether `ip` was known as HBONE everywhere, with the margin, at `t`.
-    fn known_at(&self, ip: Ipv4Addr, t: SystemTime) -> bool {
+    fn known_at(&self, ip: IpAddr, t: SystemTime) -> bool {
         self.0.iter().any(|(i, since, until)| {
             *i == ip && *since + MARGIN <= t && until.is_none_or(|u| t < u)
         })
@@ -184,10 +203,14 @@ struct Verdict {
     /// Pod-to-pod packets captured while both ends were known as HBONE.
     judged_packets: usize,
     hbone_flows: usize,
+    /// Of those, over IPv6.
+    hbone_flows_v6: usize,
     hbone_bytes: usize,
     /// Plaintext flows before enrollment carrying the marker: proof the capture and
     /// the search work (and that the traffic really is plaintext without the mesh).
     marker_before: usize,
+    /// Of those, over IPv6.
+    marker_before_v6: usize,
 }
 
 fn judge(captured: &Captured, timeline: &Timeline) -> Verdict {
@@ -217,6 +240,7 @@ fn judge(captured: &Captured, timeline: &Timeline) -> Verdict {
             // (c) Every HBONE flow opens with a TLS handshake record, both ways, and
             // (b) never shows the marker, whenever it started.
             v.hbone_flows += 1;
+            v.hbone_flows_v6 += usize::from(f.server.0.is_ipv6());
             v.hbone_bytes += f.to_server.len() + f.to_client.len();
             if has_payload && f.first_to_server != Some(0x16) {
                 v.violations.push(format!(
@@ -248,6 +272,7 @@ fn judge(captured: &Captured, timeline: &Timeline) -> Verdict {
             ));
         } else if carries_marker {
             v.marker_before += 1;
+            v.marker_before_v6 += usize::from(f.server.0.is_ipv6());
         }
     }
     v
@@ -268,33 +293,34 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
         return;
     }
     let _s = serial();
-    let mut c = LocalCluster::start("npl").unwrap();
+    let mut c = LocalCluster::dual_stack("npl").unwrap();
     c.wait_ztunnels_ready(T).unwrap();
     let cap = capture(&c);
     let mut timeline = Timeline::default();
 
-    // Two pods on different nodes, not in the mesh yet, talking both ways.
+    // Two pods on different nodes, not in the mesh yet, talking both ways over both
+    // families.
     c.create_namespace("np", &[]).unwrap();
     c.create_pod("np", "a", 1, "a", &[], &args(&echo()))
         .unwrap();
     c.create_pod("np", "b", 2, "b", &[], &args(&echo()))
         .unwrap();
-    let a = c.wait_pod_running("np", "a", T).unwrap().ip;
-    let b = c.wait_pod_running("np", "b", T).unwrap().ip;
-    let mut ab = stream(&c, "np", "a", &b, 20);
-    let mut ba = stream(&c, "np", "b", &a, 20);
-    progress(&c, &[&ab, &ba], "before enrollment (plaintext)");
+    let a = c.wait_pod_running("np", "a", T).unwrap().ips;
+    let b = c.wait_pod_running("np", "b", T).unwrap().ips;
+    assert!(a.len() == 2 && b.len() == 2, "not dual-stack: {a:?} {b:?}");
+    let mut streams = streams_between(&c, &a, &b);
+    progress(&c, &all(&streams), "before enrollment (plaintext)");
 
     // Enrollment of the running pods by the namespace label.
     c.label_namespace("np", AMBIENT.0, Some(AMBIENT.1)).unwrap();
     for pod in ["a", "b"] {
         c.wait_redirection("np", pod, Some("enabled"), T).unwrap();
     }
-    wait_seen_everywhere(&c, &a);
-    wait_seen_everywhere(&c, &b);
+    wait_seen_everywhere(&c, &a[0]);
+    wait_seen_everywhere(&c, &b[0]);
     timeline.enrolled(&a);
     timeline.enrolled(&b);
-    progress(&c, &[&ab, &ba], "after enrollment");
+    progress(&c, &all(&streams), "after enrollment");
 
     // The node agents restart.
     for node in [1u8, 2] {
@@ -303,7 +329,7 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
     // From here on, a phase where traffic does not resume is recorded and the scenario
     // goes on, so the capture is judged in any case.
     let mut stalls = Vec::new();
-    stalls.extend(try_progress(&c, &[&ab, &ba], "after the agents restarted").err());
+    stalls.extend(try_progress(&c, &all(&streams), "after the agents restarted").err());
 
     // The ztunnels restart, one after the other.
     for node in [1u8, 2] {
@@ -311,13 +337,13 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
         c.node_mut(node).start_ztunnel().unwrap();
         c.wait_ztunnels_ready(T).unwrap();
         let what = format!("after node-{node}'s ztunnel restarted");
-        stalls.extend(try_progress(&c, &[&ab, &ba], &what).err());
+        stalls.extend(try_progress(&c, &all(&streams), &what).err());
     }
 
     // Both pods are deleted and recreated; the streams restart as soon as the new pods
     // run, before every ztunnel knows them (those first flows are not judged).
-    let mut totals = vec![counts(&ab), counts(&ba)];
-    drop((ab, ba));
+    let mut totals: Vec<(usize, usize)> = streams.iter().map(counts).collect();
+    drop(streams);
     timeline.gone(&a);
     timeline.gone(&b);
     c.delete_pod("np", "a").unwrap();
@@ -331,21 +357,19 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
         .unwrap();
     c.create_pod("np", "b", 2, "b", &[], &args(&echo()))
         .unwrap();
-    let a2 = c.wait_pod_running("np", "a", T).unwrap().ip;
-    let b2 = c.wait_pod_running("np", "b", T).unwrap().ip;
-    ab = stream(&c, "np", "a", &b2, 20);
-    ba = stream(&c, "np", "b", &a2, 20);
+    let a2 = c.wait_pod_running("np", "a", T).unwrap().ips;
+    let b2 = c.wait_pod_running("np", "b", T).unwrap().ips;
+    streams = streams_between(&c, &a2, &b2);
     for pod in ["a", "b"] {
         c.wait_redirection("np", pod, Some("enabled"), T).unwrap();
     }
-    wait_seen_everywhere(&c, &a2);
-    wait_seen_everywhere(&c, &b2);
+    wait_seen_everywhere(&c, &a2[0]);
+    wait_seen_everywhere(&c, &b2[0]);
     timeline.enrolled(&a2);
     timeline.enrolled(&b2);
-    stalls.extend(try_progress(&c, &[&ab, &ba], "after the pods were recreated").err());
-    totals.push(counts(&ab));
-    totals.push(counts(&ba));
-    drop((ab, ba));
+    stalls.extend(try_progress(&c, &all(&streams), "after the pods were recreated").err());
+    totals.extend(streams.iter().map(counts));
+    drop(streams);
     std::thread::sleep(Duration::from_millis(300));
     let captured = cap.stop().unwrap();
 
@@ -356,7 +380,8 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
     eprintln!(
         "capture: {} frames, {} TCP packets ({} between pods known as HBONE); {} pod-to-pod \
          flows, {} started with both ends enrolled; {} HBONE flows ({} bytes), all TLS from \
-         the first byte; {} plaintext flows with the marker before enrollment; streams: \
+         the first byte ({} over IPv6); {} plaintext flows with the marker before \
+         enrollment ({} over IPv6); streams: \
          {exchanges} exchanges ok, {failed} failed (during restarts)",
         captured.frames,
         captured.packets.len(),
@@ -365,7 +390,9 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
         v.judged,
         v.hbone_flows,
         v.hbone_bytes,
+        v.hbone_flows_v6,
         v.marker_before,
+        v.marker_before_v6,
     );
     assert!(
         v.violations.is_empty(),
@@ -374,8 +401,13 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
         v.violations.join("\n")
     );
     assert!(
-        v.marker_before > 0,
-        "the marker was never seen, even before enrollment: the capture sees nothing"
+        v.marker_before_v6 > 0 && v.marker_before > v.marker_before_v6,
+        "the marker was not seen over both families before enrollment: the capture \
+         misses one: {v:?}"
+    );
+    assert!(
+        v.hbone_flows_v6 > 0 && v.hbone_flows > v.hbone_flows_v6,
+        "no HBONE flow over one of the families: {v:?}"
     );
     assert!(
         stalls.is_empty(),
@@ -457,7 +489,7 @@ fn a_restarted_ztunnel_serves_no_pod_before_it_knows_the_peers() {
     std::thread::sleep(Duration::from_millis(300));
     let captured = cap.stop().unwrap();
     assert_complete(&captured);
-    let (a, b) = (ipv4(&a), ipv4(&b));
+    let (a, b) = (ip(&a), ip(&b));
     let flows = capture::flows(&captured.packets);
     let plaintext: Vec<String> = flows
         .iter()
@@ -706,7 +738,7 @@ fn under_strict_no_plaintext_connection_succeeds() {
     std::thread::sleep(Duration::from_millis(300));
     let captured = cap.stop().unwrap();
     assert_complete(&captured);
-    let (client, fresh) = (ipv4(&client), ipv4(&fresh));
+    let (client, fresh) = (ip(&client), ip(&fresh));
     let flows: Vec<Flow> = capture::flows(&captured.packets)
         .into_iter()
         .filter(|f| f.client.0 == client && f.server.0 == fresh)

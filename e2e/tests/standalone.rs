@@ -63,6 +63,37 @@ fn hundred_megabytes_cross_hbone_with_spiffe_identities() -> Result<()> {
         1.0,
         "{source}"
     );
+
+    // IPv6 is captured too (`capture apply --ipv6` → `[::1]:15001`) and crosses its
+    // own HBONE connection to `[SERVER_IP6]:15008`, with the same identities.
+    for ns in [&mesh.a, &mesh.b] {
+        let ports = ns.stdout(&["ss", "-Hltn"])?;
+        for socket in [
+            "127.0.0.1:15001",
+            "[::1]:15001",
+            "0.0.0.0:15008",
+            "[::]:15008",
+        ] {
+            assert!(
+                ports.contains(socket),
+                "{} lacks {socket}: {ports}",
+                ns.name()
+            );
+        }
+    }
+    let answer = mesh.send(&format!("[{SERVER_IP6}]:9000"), SIZE / 10)?;
+    assert_eq!(answer["bytes"], SIZE / 10);
+    let dest = ztunnel_metrics(&mesh.b)?;
+    assert!(
+        metric_sum(&dest, "istio_tcp_received_bytes_total", &dst_labels) >= 1.1 * SIZE as f64,
+        "{dest}"
+    );
+    let source = ztunnel_metrics(&mesh.a)?;
+    assert_eq!(
+        metric_sum(&source, "ztunnel_hbone_pool_connections", &[]),
+        2.0,
+        "one pooled connection per destination address: {source}"
+    );
     Ok(())
 }
 
@@ -390,12 +421,13 @@ fn istioctl_lite_reads_a_live_ztunnels_config_dump() -> Result<()> {
         ["NAMESPACE", "POD", "NAME"],
         "{workloads:?}"
     );
-    for (name, ip, node) in [
-        ("client-vm", CLIENT_IP, "vm-a"),
-        ("server-vm", SERVER_IP, "vm-b"),
+    for (name, ips, node) in [
+        ("client-vm", [CLIENT_IP, CLIENT_IP6], "vm-a"),
+        ("server-vm", [SERVER_IP, SERVER_IP6], "vm-b"),
     ] {
+        let ips = ips.join(","); // both families, as istioctl prints them
         assert!(
-            row(&workloads, &["vms", name, ip, node, "None", "HBONE"]),
+            row(&workloads, &["vms", name, &ips, node, "None", "HBONE"]),
             "{name}: {workloads:?}"
         );
     }

@@ -114,9 +114,13 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 outbound: config.outbound_addr,
                 inbound: config.inbound_addr,
                 inbound_plaintext: config.inbound_plaintext_addr,
+                transparent: false,
+                ipv6: config.ipv6_enabled,
             };
-            let listeners =
-                Listeners::bind(&local_sockets, addrs).context("binding the proxy listeners")?;
+            let listeners = Listeners::bind(&local_sockets, addrs)
+                .await
+                .context("binding the proxy listeners")?;
+            info!(addrs = ?listeners.local_addrs(), "proxy listeners bound");
             let sockets: Arc<dyn SocketFactory> = Arc::new(local_sockets);
             if let Some(dns) = &dns {
                 dns.start(sockets.clone(), local.clone(), drain.clone())
@@ -152,6 +156,7 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
                 own_ports: OwnPorts::from_config(&config),
                 node_name: config.node_name.clone(),
                 dns,
+                listen: ListenAddrs::inpod(config.ipv6_enabled),
             };
             let pods = PodProxies::new(shared, registry.clone());
             info!(socket = %config.inpod_uds.display(), "waiting for the node agent over ZDS");

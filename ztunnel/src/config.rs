@@ -137,7 +137,8 @@ pub struct Config {
         default_value = "127.0.0.1:15053"
     )]
     pub dns_proxy_addr: SocketAddr,
-    /// False: the DNS proxy answers AAAA queries for mesh services with no address.
+    /// False: no IPv6 listeners (beside the IPv4 ones), and the DNS proxy answers AAAA
+    /// queries for mesh services with no address.
     #[arg(long, env = "IPV6_ENABLED", default_value = "true", value_parser = parse_istio_bool)]
     pub ipv6_enabled: bool,
     /// Istio's root namespace: its AuthorizationPolicies without a selector apply

@@ -23,8 +23,9 @@ pub trait SocketFactory: Send + Sync + 'static {
     fn tcp_socket(&self, family_of: SocketAddr) -> SocketFuture<'_>;
     /// A marked UDP socket bound to `addr` (port 0: an ephemeral port).
     fn udp_socket(&self, addr: SocketAddr) -> UdpSocketFuture<'_>;
-    /// A marked TCP listener on `addr` (not transparent).
-    fn tcp_listener(&self, addr: SocketAddr) -> ListenerFuture<'_>;
+    /// A marked TCP listener on `addr`; `transparent` lets it accept connections to
+    /// any address (`IP_TRANSPARENT`).
+    fn tcp_listener(&self, addr: SocketAddr, transparent: bool) -> ListenerFuture<'_>;
 }
 
 /// Sockets in the calling process's own network namespace.
@@ -46,8 +47,8 @@ impl SocketFactory for LocalSocketFactory {
         ))
     }
 
-    fn tcp_listener(&self, addr: SocketAddr) -> ListenerFuture<'_> {
-        Box::pin(std::future::ready(self.listener(addr, false)))
+    fn tcp_listener(&self, addr: SocketAddr, transparent: bool) -> ListenerFuture<'_> {
+        Box::pin(std::future::ready(self.listener(addr, transparent)))
     }
 }
 
@@ -127,6 +128,36 @@ pub fn listen_socket(addr: SocketAddr, mark: u32, transparent: bool) -> io::Resu
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
     Ok(socket)
+}
+
+/// The IPv6 address a listener on `addr` also binds, as a socket of its own:
+/// `0.0.0.0` → `[::]`, `127.0.0.1` → `[::1]`; other addresses have none.
+///
+/// One socket per family rather than one dual-stack `[::]` socket: each family keeps
+/// its own `SO_ORIGINAL_DST`/`IP6T_SO_ORIGINAL_DST` and `IP_TRANSPARENT`/
+/// `IPV6_TRANSPARENT`, peers are never `::ffff:`-mapped, and a namespace without IPv6
+/// loses only the IPv6 socket (see [`is_no_ipv6`]).
+pub fn ipv6_twin(addr: SocketAddr) -> Option<SocketAddr> {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => Some(SocketAddr::from((
+            std::net::Ipv6Addr::UNSPECIFIED,
+            addr.port(),
+        ))),
+        IpAddr::V4(ip) if ip.is_loopback() => Some(SocketAddr::from((
+            std::net::Ipv6Addr::LOCALHOST,
+            addr.port(),
+        ))),
+        _ => None,
+    }
+}
+
+/// Whether a bind failed because the namespace has no IPv6 (disabled by sysctl, so no
+/// `::1` on `lo`, or no IPv6 in the kernel), not because of a real conflict.
+pub fn is_no_ipv6(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT | libc::EPROTONOSUPPORT)
+    )
 }
 
 /// `IP_TRANSPARENT`: accept for, or bind to, addresses that are not local.

@@ -1,9 +1,6 @@
 //! Object bookkeeping the server owns: names, uids, timestamps, generation, and the few
 //! type defaults our clients rely on (pod phase, namespace name label, service VIPs).
 
-use std::collections::HashSet;
-use std::net::Ipv4Addr;
-
 use rand::Rng;
 use serde_json::{json, Map, Value};
 
@@ -118,8 +115,8 @@ pub fn validate_name(rs: &Resource, name: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// Type defaults applied on create. `used_ips` lists the service VIPs already taken.
-pub fn apply_create_defaults(rs: &Resource, obj: &mut Value, used_ips: &HashSet<String>) {
+/// Type defaults applied on create (a Service's addresses: [`super::service_ips`]).
+pub fn apply_create_defaults(rs: &Resource, obj: &mut Value) {
     match (rs.group, rs.plural) {
         ("", "namespaces") => {
             let name = name_of(obj).to_string();
@@ -132,21 +129,7 @@ pub fn apply_create_defaults(rs: &Resource, obj: &mut Value, used_ips: &HashSet<
             set_if_missing(obj, "/status/phase", "Active");
         }
         ("", "pods") => set_if_missing(obj, "/status/phase", "Pending"),
-        ("", "services") => {
-            set_if_missing(obj, "/spec/type", "ClusterIP");
-            let ip = obj
-                .pointer("/spec/clusterIP")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if ip.is_empty()
-                && obj.pointer("/spec/type").and_then(Value::as_str) != Some("ExternalName")
-            {
-                if let Some(ip) = allocate_ip(used_ips) {
-                    set_path(obj, "/spec/clusterIPs", json!([ip]));
-                    set_path(obj, "/spec/clusterIP", json!(ip));
-                }
-            }
-        }
+        ("", "services") => set_if_missing(obj, "/spec/type", "ClusterIP"),
         _ => {}
     }
 }
@@ -179,12 +162,6 @@ pub fn set_path(obj: &mut Value, pointer: &str, value: Value) {
 /// The first free address in 10.96.0.0/16 (the usual service CIDR) from .11 on: .10
 /// is the cluster DNS address kubelet writes into pods' resolv.conf (kube-dns claims
 /// it explicitly in a real cluster).
-fn allocate_ip(used: &HashSet<String>) -> Option<String> {
-    (11u32..65_535)
-        .map(|n| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + n).to_string())
-        .find(|ip| !used.contains(ip))
-}
-
 /// Everything but metadata and status: a change here bumps `metadata.generation`.
 pub fn spec_part(obj: &Value) -> Value {
     match obj {
@@ -223,14 +200,12 @@ mod tests {
     #[test]
     fn defaults() {
         let svc = find("", "v1", "services").unwrap();
-        let mut used = HashSet::new();
-        used.insert("10.96.0.11".to_string());
         let mut obj = json!({"metadata": {"name": "s"}, "spec": {}});
-        apply_create_defaults(svc, &mut obj, &used);
-        assert_eq!(obj["spec"]["clusterIP"], "10.96.0.12");
+        apply_create_defaults(svc, &mut obj);
+        assert_eq!(obj["spec"]["type"], "ClusterIP");
         let ns = find("", "v1", "namespaces").unwrap();
         let mut obj = json!({"metadata": {"name": "demo"}});
-        apply_create_defaults(ns, &mut obj, &used);
+        apply_create_defaults(ns, &mut obj);
         assert_eq!(
             obj["metadata"]["labels"]["kubernetes.io/metadata.name"],
             "demo"
@@ -238,7 +213,7 @@ mod tests {
         assert_eq!(obj["status"]["phase"], "Active");
         let pods = find("", "v1", "pods").unwrap();
         let mut obj = json!({"metadata": {"name": "p"}, "status": {"phase": "Running"}});
-        apply_create_defaults(pods, &mut obj, &used);
+        apply_create_defaults(pods, &mut obj);
         assert_eq!(obj["status"]["phase"], "Running");
     }
 }

@@ -37,6 +37,7 @@ mod protobuf;
 pub mod resources;
 mod routes;
 mod selectors;
+pub mod service_ips;
 mod store;
 mod table;
 mod tls;
@@ -78,6 +79,8 @@ pub struct Options {
     /// Default: beside the state file (`<state>.sa.key`), so tokens survive a restart;
     /// without a state file, a key in memory only.
     pub service_account_key_file: Option<PathBuf>,
+    /// Service ClusterIP ranges, primary family first (`--service-cluster-ip-range`).
+    pub service_cluster_ip_range: service_ips::ServiceRanges,
 }
 
 impl Default for Options {
@@ -90,6 +93,7 @@ impl Default for Options {
             namespace_finalize_delay: Duration::from_millis(500),
             service_account_issuer: DEFAULT_ISSUER.to_string(),
             service_account_key_file: None,
+            service_cluster_ip_range: Default::default(),
         }
     }
 }
@@ -175,8 +179,12 @@ impl ApiServer {
     /// Serves on an already bound listener.
     pub fn from_listener(listener: TcpListener, options: Options) -> Result<ApiServer, StartError> {
         let addr = listener.local_addr().map_err(StartError::Listen)?;
-        let store = store::Store::open(options.state_file.clone(), options.event_log_capacity)
-            .map_err(StartError::State)?;
+        let store = store::Store::open(
+            options.state_file.clone(),
+            options.event_log_capacity,
+            options.service_cluster_ip_range.clone(),
+        )
+        .map_err(StartError::State)?;
         let key_file = options
             .service_account_key_file
             .clone()

@@ -15,6 +15,7 @@ use super::meta;
 use super::persist;
 use super::resources::{self, Resource};
 use super::selectors::Filter;
+use super::service_ips::ServiceRanges;
 
 /// Namespaces every cluster starts with.
 const DEFAULT_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
@@ -99,6 +100,8 @@ pub struct Store {
 }
 
 struct Inner {
+    /// Where Services get their ClusterIPs.
+    service_ranges: ServiceRanges,
     objects: BTreeMap<Key, Value>,
     rv: u64,
     log: VecDeque<Arc<Event>>,
@@ -113,7 +116,11 @@ impl Store {
     /// Loads `state_file` when it exists, else starts with the default namespaces.
     /// A fresh store starts its resourceVersions at the current time in microseconds,
     /// so clients of an earlier, forgotten incarnation get 410 and re-list.
-    pub fn open(state_file: Option<PathBuf>, log_capacity: usize) -> std::io::Result<Store> {
+    pub fn open(
+        state_file: Option<PathBuf>,
+        log_capacity: usize,
+        service_ranges: ServiceRanges,
+    ) -> std::io::Result<Store> {
         let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         let mut inner = Inner {
             objects: BTreeMap::new(),
@@ -122,6 +129,7 @@ impl Store {
             capacity: log_capacity.max(1),
             compacted: 0,
             pending: Vec::new(),
+            service_ranges,
         };
         let loaded = match &state_file {
             Some(path) if path.exists() => {
@@ -391,17 +399,19 @@ impl Inner {
         ] {
             m.remove(server_owned);
         }
-        let used_ips: HashSet<String> = if rs.plural == "services" {
-            self.objects
+        meta::apply_create_defaults(rs, &mut obj);
+        if (rs.group, rs.plural) == ("", "services") {
+            let used: HashSet<String> = self
+                .objects
                 .iter()
                 .filter(|(k, _)| k.is(rs))
-                .filter_map(|(_, v)| v.pointer("/spec/clusterIP").and_then(Value::as_str))
+                .filter_map(|(_, v)| v.pointer("/spec/clusterIPs").and_then(Value::as_array))
+                .flatten()
+                .filter_map(Value::as_str)
                 .map(str::to_string)
-                .collect()
-        } else {
-            HashSet::new()
-        };
-        meta::apply_create_defaults(rs, &mut obj, &used_ips);
+                .collect();
+            self.service_ranges.assign(&mut obj, &used)?;
+        }
         Ok(obj)
     }
 
@@ -549,7 +559,7 @@ mod tests {
 
     #[test]
     fn create_update_conflict_and_noop() {
-        let store = Store::open(None, 100).unwrap();
+        let store = Store::open(None, 100, Default::default()).unwrap();
         assert_eq!(create(&store, "nope", "a").unwrap_err().code, 404);
         let a = create(&store, "default", "a").unwrap();
         assert_eq!(create(&store, "default", "a").unwrap_err().code, 409);
@@ -585,7 +595,7 @@ mod tests {
 
     #[test]
     fn event_log_expires_old_versions() {
-        let store = Store::open(None, 2).unwrap();
+        let store = Store::open(None, 2, Default::default()).unwrap();
         let start = store.resource_version();
         for name in ["a", "b", "c"] {
             create(&store, "default", name).unwrap();
@@ -611,7 +621,7 @@ mod tests {
     fn namespace_termination_and_persistence() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
-        let store = Store::open(Some(path.clone()), 100).unwrap();
+        let store = Store::open(Some(path.clone()), 100, Default::default()).unwrap();
         let ns = resources::namespaces();
         let demo = json!({"metadata": {"name": "demo"}});
         store
@@ -626,7 +636,7 @@ mod tests {
         let rv = store.resource_version();
         drop(store);
         // Reloaded: the Terminating namespace is finalized, versions continue.
-        let store = Store::open(Some(path), 100).unwrap();
+        let store = Store::open(Some(path), 100, Default::default()).unwrap();
         assert!(store.get(ns, "", "demo").is_none());
         assert!(store.get(pods(), "demo", "a").is_none());
         assert!(store.get(ns, "", "default").is_some());

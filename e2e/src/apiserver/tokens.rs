@@ -734,7 +734,7 @@ mod tests {
     use crate::apiserver::store::Change;
 
     fn store_with(objects: &[(&str, &str, &str)]) -> Store {
-        let store = Store::open(None, 100).unwrap();
+        let store = Store::open(None, 100, Default::default()).unwrap();
         for (plural, ns, name) in objects {
             let rs = resources::find("", "v1", plural).unwrap();
             let obj = json!({"metadata": {"name": name}, "spec": {"serviceAccountName": "sa", "nodeName": "n1"}});

@@ -1,5 +1,6 @@
 //! `make demo`: a two-node ambient cluster in network namespaces, explained as it runs.
-//! `demo --up` leaves it running until Ctrl-C; `demo --standalone` is the two-VM mesh
+//! `demo --up` leaves it running until Ctrl-C; `demo --dual-stack` gives pods and
+//! Services IPv6 addresses beside IPv4 ones; `demo --standalone` is the two-VM mesh
 //! without Kubernetes.
 
 use std::time::Duration;
@@ -16,8 +17,11 @@ struct Args {
     /// Bring the cluster up, show how to use it, and keep it until Ctrl-C.
     #[arg(long)]
     up: bool,
+    /// A dual-stack cluster: pods, nodes and Services get IPv6 addresses too.
+    #[arg(long)]
+    dual_stack: bool,
     /// The standalone demo: two VMs with dedicated ztunnels, no Kubernetes.
-    #[arg(long, conflicts_with = "up")]
+    #[arg(long, conflicts_with_all = ["up", "dual_stack"])]
     standalone: bool,
 }
 
@@ -33,7 +37,11 @@ fn main() -> Result<()> {
         return standalone_demo();
     }
     step("Building a 2-node Kubernetes cluster in network namespaces");
-    let cluster = LocalCluster::start("demo")?;
+    let cluster = if args.dual_stack {
+        LocalCluster::dual_stack("demo")?
+    } else {
+        LocalCluster::start("demo")?
+    };
     println!(
         "   control plane: kube-apiserver-lite on {} in namespace {}",
         e2e::cluster::API_ADDR,
@@ -48,7 +56,7 @@ fn main() -> Result<()> {
             "   {}: namespace {}, pods {} on bridge cni0 (made by the CNI bridge plugin), running cni-agent + ztunnel",
             node.name,
             node.ns.name(),
-            node.pod_cidr()
+            node.pod_cidrs().join(" and ")
         );
     }
     println!(
@@ -85,6 +93,9 @@ fn main() -> Result<()> {
         return no_leftovers();
     }
     cluster_demo(&cluster)?;
+    if args.dual_stack {
+        ipv6_demo(&cluster)?;
+    }
     step("Tearing everything down");
     cluster.shutdown()?;
     no_leftovers()?;
@@ -208,22 +219,27 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
     );
 
     step("DNS: the client resolves the server by its Service name (ztunnel's DNS proxy)");
-    let vip = c.kubectl(&[
+    // Every ClusterIP (one per family on a dual-stack cluster).
+    let vips = c.kubectl(&[
         "get",
         "service",
         "-n",
         NS,
         "server",
         "-o",
-        "jsonpath={.spec.clusterIP}",
+        "jsonpath={.spec.clusterIPs[*]}",
     ])?;
+    let vip = vips.split_whitespace().collect::<Vec<_>>().join(", ");
     let resolved = c.exec_in_pod(NS, "client", &["getent", "hosts", "server"])?;
     println!(
         "   $ getent hosts server        (in the client pod)\n{}",
         indent(resolved.trim())
     );
-    if !resolved.split_whitespace().any(|word| word == vip.trim()) {
-        bail!("`server` resolved to {resolved:?}, not the Service's ClusterIP {vip}");
+    if !resolved
+        .split_whitespace()
+        .any(|word| vips.split_whitespace().any(|v| v == word))
+    {
+        bail!("`server` resolved to {resolved:?}, not the Service's ClusterIP ({vip})");
     }
     let answer = c.send(NS, "client", "server:9000", 1000)?;
     println!("   $ e2e-app send --connect server:9000 --bytes 1000\n      {answer}");
@@ -236,7 +252,7 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
         "   -> the pod's resolver asked 10.96.0.10 (kubelet's clusterDNS, served by nothing);"
     );
     println!("      the node agent's DNS capture sent the query to ztunnel inside the pod, which");
-    println!("      answered with the Service's ClusterIP ({}); node-1's ztunnel has answered {queries} queries.", vip.trim());
+    println!("      answered with the Service's ClusterIP ({vip}); node-1's ztunnel has answered {queries} queries.");
 
     step("An AuthorizationPolicy denying a second client (identity demo/intruder)");
     c.kubectl_apply(&client_manifest("intruder", "intruder", "sleep 3600"))?;
@@ -263,6 +279,60 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
     println!(
         "   the first client still works: the server received {} bytes from {}",
         answer["bytes"], answer["peer"]
+    );
+    Ok(())
+}
+
+/// The dual-stack part: the same pods over their IPv6 addresses.
+fn ipv6_demo(c: &LocalCluster) -> Result<()> {
+    step("IPv6: the same pods over their IPv6 addresses (dual-stack cluster)");
+    println!(
+        "{}",
+        indent(&c.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            NS,
+            "-o",
+            "custom-columns=NAME:.metadata.name,IPS:.status.podIPs[*].ip",
+        ])?)
+    );
+    let ip6 = |pod| -> Result<String> {
+        let handle = c.pod(NS, pod).context("no such pod")?;
+        handle
+            .ips
+            .get(1)
+            .cloned()
+            .context("the pod has no IPv6 address")
+    };
+    let (server, client) = (ip6("server")?, ip6("client")?);
+    let answer = c.send(NS, "client", &format!("[{server}]:9000"), 4096)?;
+    println!("   $ e2e-app send --connect [{server}]:9000 --bytes 4096\n      {answer}");
+    if !answer["peer"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with(&format!("[{client}]:"))
+    {
+        bail!("the server did not see the client's IPv6 address: {answer}");
+    }
+    println!(
+        "   -> captured by the pod's ip6tables rules, carried over HBONE to [{server}]:15008,"
+    );
+    println!("      and the server sees the client's own IPv6 address.");
+    let vips = c.kubectl(&[
+        "get",
+        "service",
+        "-n",
+        NS,
+        "server",
+        "-o",
+        "jsonpath={.spec.clusterIPs}",
+    ])?;
+    let resolved = c.exec_in_pod(NS, "client", &["getent", "ahostsv6", "server"])?;
+    println!("   the Service's ClusterIPs (ipFamilyPolicy PreferDualStack): {vips}");
+    println!(
+        "   $ getent ahostsv6 server     (AAAA from ztunnel's DNS proxy)\n{}",
+        indent(resolved.lines().next().unwrap_or_default())
     );
     Ok(())
 }
@@ -299,10 +369,10 @@ spec:
   containers:
   - name: sink
     image: e2e-app:local
-    command: [e2e-app, sink, --listen, \"0.0.0.0:9000\"]
+    command: [e2e-app, sink, --listen, \"[::]:9000\"]
   - name: echo
     image: e2e-app:local
-    command: [e2e-app, echo, --listen, \"0.0.0.0:9001\"]
+    command: [e2e-app, echo, --listen, \"[::]:9001\"]
 ---
 apiVersion: v1
 kind: Service
@@ -310,6 +380,7 @@ metadata:
   name: server
   namespace: demo
 spec:
+  ipFamilyPolicy: PreferDualStack
   selector: {app: server}
   ports:
   - {name: tcp-sink, port: 9000}

@@ -150,7 +150,9 @@ fn serve(listen: SocketAddr, handler: fn(TcpStream) -> Result<()>) -> Result<()>
 }
 
 fn sink(mut stream: TcpStream) -> Result<()> {
+    // An IPv4 client of a `[::]` listener shows as its IPv4 address, not `::ffff:`.
     let peer = stream.peer_addr()?;
+    let peer = std::net::SocketAddr::new(peer.ip().to_canonical(), peer.port());
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut total = 0u64;

@@ -33,6 +33,10 @@ struct Args {
     /// Default: beside the state file (`<state>.sa.key`), else a key in memory only.
     #[arg(long, value_name = "PATH")]
     service_account_signing_key_file: Option<PathBuf>,
+    /// Service ClusterIP ranges: one, or one per family for dual-stack Services
+    /// (the first is the primary family), as kube-apiserver's flag.
+    #[arg(long, default_value = e2e::apiserver::service_ips::DEFAULT_RANGE)]
+    service_cluster_ip_range: e2e::apiserver::service_ips::ServiceRanges,
 }
 
 #[tokio::main]
@@ -50,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
         bookmark_interval: Duration::from_secs(args.bookmark_interval.max(1)),
         service_account_issuer: args.service_account_issuer,
         service_account_key_file: args.service_account_signing_key_file,
+        service_cluster_ip_range: args.service_cluster_ip_range,
         ..Options::default()
     };
     let server = ApiServer::bind_with(args.listen.as_str(), options)

@@ -24,6 +24,11 @@ pub const ISTIOD_HOST: &str = "istiod.istio-system.svc";
 const LEADER_LEASE: &str = "2s";
 /// The cluster network (a bridge in the control-plane namespace).
 pub const CLUSTER_NET_PREFIX: &str = "10.1.0";
+/// The cluster network's IPv6 prefix on a dual-stack cluster (nodes only: the
+/// control plane serves over IPv4).
+pub const CLUSTER_NET6_PREFIX: &str = "fd00:10:1::";
+/// Service ClusterIP ranges of a dual-stack cluster, IPv4 primary.
+pub const DUAL_STACK_SERVICE_RANGES: &str = "10.96.0.0/16,fd00:10:96::/112";
 /// Name of the cluster network bridge.
 const BRIDGE: &str = "cnet";
 
@@ -41,13 +46,15 @@ pub struct ControlPlane {
     pub ca_dir: PathBuf,
     state_file: PathBuf,
     tag: String,
+    /// Services get a ClusterIP of each family ([`DUAL_STACK_SERVICE_RANGES`]).
+    dual_stack: bool,
 }
 
 impl ControlPlane {
     /// Creates the namespace and the bridge and starts the API server and `replicas`
     /// istiod-lite replicas behind istiod's Service; `dir` holds the kubeconfig and
-    /// the state file.
-    pub fn start(tag: &str, dir: &Path, replicas: u8) -> Result<Self> {
+    /// the state file. `dual_stack`: Services may have IPv6 ClusterIPs too.
+    pub fn start(tag: &str, dir: &Path, replicas: u8, dual_stack: bool) -> Result<Self> {
         let ns = Netns::new(&format!("{tag}cp"))?;
         ns.exec(&["ip", "link", "add", BRIDGE, "type", "bridge"])?;
         ns.exec(&[
@@ -86,6 +93,7 @@ impl ControlPlane {
             ca_dir,
             state_file: dir.join("apiserver-state.json"),
             tag: tag.to_owned(),
+            dual_stack,
         };
         cp.start_apiserver()?;
         cp.start_istiod()?;
@@ -180,12 +188,15 @@ impl ControlPlane {
         cmd.args(["--listen", API_ADDR, "--state-file"])
             .arg(&self.state_file)
             .arg("--print-kubeconfig")
-            .arg(&self.kubeconfig)
-            .env(
-                super::sweep::OWNER_ENV,
-                super::sweep::cluster_marker(&self.tag),
-            )
-            .env("RUST_LOG", "warn");
+            .arg(&self.kubeconfig);
+        if self.dual_stack {
+            cmd.args(["--service-cluster-ip-range", DUAL_STACK_SERVICE_RANGES]);
+        }
+        cmd.env(
+            super::sweep::OWNER_ENV,
+            super::sweep::cluster_marker(&self.tag),
+        )
+        .env("RUST_LOG", "warn");
         let guard = ChildGuard::spawn(&format!("apiserver-{}", self.tag), cmd)?;
         let api = self.api();
         wait_for("the API server", Duration::from_secs(20), || {
@@ -201,8 +212,9 @@ impl ControlPlane {
         Api::new(self.ns.path(), api_addr())
     }
 
-    /// Joins `node` to the cluster network with address `<prefix>.<host>/24`.
-    pub fn attach(&self, node: &Netns, host: u8) -> Result<()> {
+    /// Joins `node` to the cluster network with address `<prefix>.<host>/24`, and
+    /// `<prefix6><host>/64` when `ipv6`.
+    pub fn attach(&self, node: &Netns, host: u8, ipv6: bool) -> Result<()> {
         let (node_if, cp_if) = ("eth0", format!("n{host}"));
         node.exec(&[
             "ip",
@@ -225,6 +237,9 @@ impl ControlPlane {
             "dev",
             node_if,
         ])?;
+        if ipv6 {
+            crate::netns::add_addr(node, &format!("{CLUSTER_NET6_PREFIX}{host:x}/64"), node_if)?;
+        }
         node.exec(&["ip", "link", "set", node_if, "up"])?;
         self.ns
             .exec(&["ip", "link", "set", &cp_if, "master", BRIDGE, "up"])?;

@@ -189,18 +189,47 @@ fn invoke(
     .into())
 }
 
-/// The first IPv4 address (without prefix length) in a CNI result.
-pub fn result_ip(result: &Value) -> Option<String> {
-    result["ips"]
-        .as_array()?
-        .iter()
+/// The addresses (without prefix length) of a CNI result, IPv4 first (the cluster's
+/// primary family), as kubelet lists them in `status.podIPs`.
+pub fn result_ips(result: &Value) -> Vec<String> {
+    let mut ips: Vec<std::net::IpAddr> = result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
         .filter_map(|ip| ip["address"].as_str())
-        .map(|a| a.split('/').next().unwrap_or_default().to_owned())
-        .find(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
+        .filter_map(|a| a.split('/').next()?.parse().ok())
+        .collect();
+    ips.sort_by_key(|ip| ip.is_ipv6());
+    ips.iter().map(ToString::to_string).collect()
 }
 
-/// The reference `bridge` + `host-local` conflist for a node's pod CIDR.
-pub fn bridge_conflist(index: u8, ipam_dir: &Path) -> Value {
+/// A node's pod CIDR of each family: IPv4 `10.244.<i>.0/24`, and on a dual-stack
+/// cluster IPv6 `fd00:10:244:<i>::/64`.
+pub fn pod_cidrs(index: u8, dual_stack: bool) -> Vec<String> {
+    let mut cidrs = vec![format!("10.244.{index}.0/24")];
+    if dual_stack {
+        cidrs.push(format!("fd00:10:244:{index}::/64"));
+    }
+    cidrs
+}
+
+/// The reference `bridge` + `host-local` conflist for a node's pod CIDRs: one range
+/// per family, the gateway the first address of each.
+pub fn bridge_conflist(index: u8, dual_stack: bool, ipam_dir: &Path) -> Value {
+    let mut ranges = Vec::new();
+    let mut routes = Vec::new();
+    for cidr in pod_cidrs(index, dual_stack) {
+        let Ok(net) = cidr.parse::<ipnet::IpNet>() else {
+            continue;
+        };
+        // The first address after the network's own (ipnet's IPv6 hosts include it).
+        let gateway = net
+            .hosts()
+            .find(|ip| *ip != net.network())
+            .map(|ip| ip.to_string());
+        ranges.push(json!([{"subnet": cidr, "gateway": gateway}]));
+        routes.push(json!({"dst": if net.addr().is_ipv4() { "0.0.0.0/0" } else { "::/0" }}));
+    }
     json!({
         "cniVersion": "1.0.0",
         "name": "e2e-pods",
@@ -212,8 +241,8 @@ pub fn bridge_conflist(index: u8, ipam_dir: &Path) -> Value {
             "hairpinMode": true,
             "ipam": {
                 "type": "host-local",
-                "ranges": [[{"subnet": format!("10.244.{index}.0/24"), "gateway": format!("10.244.{index}.1")}]],
-                "routes": [{"dst": "0.0.0.0/0"}],
+                "ranges": ranges,
+                "routes": routes,
                 "dataDir": ipam_dir,
             }
         }]
@@ -235,7 +264,7 @@ mod tests {
         .unwrap();
         std::fs::write(
             dir.path().join("10-a.conflist"),
-            bridge_conflist(1, dir.path()).to_string(),
+            bridge_conflist(1, false, dir.path()).to_string(),
         )
         .unwrap();
         let list = find_config(dir.path()).unwrap();
@@ -246,8 +275,19 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_ip_of_a_result() {
+    fn reads_the_ips_of_a_result_ipv4_first() {
         let r = json!({"ips": [{"address": "fd00::1/64"}, {"address": "10.244.1.5/24"}]});
-        assert_eq!(result_ip(&r).as_deref(), Some("10.244.1.5"));
+        assert_eq!(result_ips(&r), ["10.244.1.5", "fd00::1"]);
+        assert!(result_ips(&json!({"ips": [{"address": "x"}]})).is_empty());
+    }
+
+    #[test]
+    fn a_dual_stack_conflist_has_a_range_and_a_default_route_per_family() {
+        let list = bridge_conflist(2, true, Path::new("/ipam"));
+        let ipam = &list["plugins"][0]["ipam"];
+        assert_eq!(ipam["ranges"][0][0]["gateway"], "10.244.2.1");
+        assert_eq!(ipam["ranges"][1][0]["subnet"], "fd00:10:244:2::/64");
+        assert_eq!(ipam["ranges"][1][0]["gateway"], "fd00:10:244:2::1");
+        assert_eq!(ipam["routes"][1]["dst"], "::/0");
     }
 }

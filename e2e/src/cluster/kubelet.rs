@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use super::api::{query_escape, Api};
@@ -45,7 +45,8 @@ pub struct Sandbox {
     // Drop order: processes, then the namespace.
     pub containers: Vec<ChildGuard>,
     pub netns: Netns,
-    pub ip: String,
+    /// The pod's addresses, IPv4 (the primary family) first.
+    pub ips: Vec<String>,
     result: Value,
     /// Each plugin's ADD time (ms), in chain order.
     add_timings: Vec<(String, f64)>,
@@ -58,7 +59,10 @@ pub struct Sandbox {
 pub struct PodHandle {
     pub uid: String,
     pub netns: String,
+    /// The primary address (`status.podIP`).
     pub ip: String,
+    /// Every address, primary first (`status.podIPs`).
+    pub ips: Vec<String>,
     pub pids: Vec<u32>,
     /// Plugin types of the CNI chain the sandbox was created with.
     pub plugins: Vec<String>,
@@ -109,7 +113,8 @@ impl Kubelet {
                 sb.as_ref().map(|sb| PodHandle {
                     uid: uid.clone(),
                     netns: sb.netns.name().to_owned(),
-                    ip: sb.ip.clone(),
+                    ip: sb.ips[0].clone(),
+                    ips: sb.ips.clone(),
                     pids: sb.containers.iter().map(ChildGuard::pid).collect(),
                     plugins: sb
                         .conf
@@ -342,11 +347,15 @@ fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
             )));
         }
     };
-    let ip = cni::result_ip(&result).context("the CNI result has no IPv4 address")?;
+    let ips = cni::result_ips(&result);
+    if ips.is_empty() {
+        let _ = cni::del(&conf, &rt, Some(&result));
+        bail!("the CNI result has no address: {result}");
+    }
     let mut sandbox = Sandbox {
         containers: Vec::new(),
         netns,
-        ip,
+        ips,
         result,
         add_timings,
         conf,
@@ -466,7 +475,8 @@ fn running_status(node: &NodeInfo, pod: &Value, sandbox: &Sandbox) -> Value {
     json!({"status": {
         "phase": "Running",
         "hostIP": node.host_ip, "hostIPs": [{"ip": node.host_ip}],
-        "podIP": sandbox.ip, "podIPs": [{"ip": sandbox.ip}],
+        "podIP": sandbox.ips[0],
+        "podIPs": sandbox.ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
         "startTime": now,
         "conditions": conditions,
         "containerStatuses": containers,

@@ -57,21 +57,28 @@ impl LocalCluster {
     }
 
     pub fn with_nodes(tag: &str, count: u8) -> Result<Self> {
-        Self::with_topology(tag, count, 1)
+        Self::with_topology(tag, count, 1, false)
     }
 
     /// Two nodes, and `replicas` istiod-lite replicas behind istiod's Service.
     pub fn with_istiod_replicas(tag: &str, replicas: u8) -> Result<Self> {
-        Self::with_topology(tag, 2, replicas)
+        Self::with_topology(tag, 2, replicas, false)
     }
 
-    fn with_topology(tag: &str, count: u8, istiod_replicas: u8) -> Result<Self> {
+    /// Two dual-stack nodes: pods get an IPv4 and an IPv6 address (`status.podIPs`),
+    /// nodes route both families, and Services may have ClusterIPs of both
+    /// (`ipFamilyPolicy`). The control plane itself serves over IPv4.
+    pub fn dual_stack(tag: &str) -> Result<Self> {
+        Self::with_topology(tag, 2, 1, true)
+    }
+
+    fn with_topology(tag: &str, count: u8, istiod_replicas: u8, dual_stack: bool) -> Result<Self> {
         sweep::sweep_stale_processes();
         sweep::sweep_stale_dirs();
         let dir = tempfile::Builder::new()
             .prefix(&sweep::owner_marker())
             .tempdir()?;
-        let control_plane = ControlPlane::start(tag, dir.path(), istiod_replicas)?;
+        let control_plane = ControlPlane::start(tag, dir.path(), istiod_replicas, dual_stack)?;
         let mut cluster = LocalCluster {
             kubelets: Vec::new(),
             nodes: Vec::new(),
@@ -84,15 +91,20 @@ impl LocalCluster {
             let node = Node::create(
                 tag,
                 index,
+                dual_stack,
                 cluster.dir.path(),
                 &cluster.control_plane.kubeconfig,
             )?;
-            cluster.control_plane.attach(&node.ns, 10 + index)?;
+            cluster
+                .control_plane
+                .attach(&node.ns, 10 + index, dual_stack)?;
             cluster.nodes.push(node);
         }
         for a in &cluster.nodes {
             for b in cluster.nodes.iter().filter(|b| b.index != a.index) {
-                a.ns.exec(&["ip", "route", "add", &b.pod_cidr(), "via", &b.ip()])?;
+                for (cidr, via) in b.pod_cidrs().iter().zip(b.ips()) {
+                    a.ns.exec(&["ip", "route", "add", cidr, "via", &via])?;
+                }
             }
         }
         cluster.create_objects()?;
@@ -125,7 +137,7 @@ impl LocalCluster {
         for node in &self.nodes {
             api.create_if_absent(
                 "/api/v1/nodes",
-                &objects::node(&node.name, &node.ip(), &node.pod_cidr()),
+                &objects::node(&node.name, &node.ips(), &node.pod_cidrs()),
             )?;
         }
         api.create_if_absent(

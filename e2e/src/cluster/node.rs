@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::api::Api;
-use super::apiserver_proc::{CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST};
+use super::apiserver_proc::{CLUSTER_NET6_PREFIX, CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST};
 use super::cni;
 use super::projected::{ProjectedConfigMap, ProjectedToken, Projector};
 use super::sweep::{cluster_marker, OWNER_ENV};
@@ -30,6 +30,8 @@ pub struct Node {
     pub ztunnel_env: Vec<(String, String)>,
     pub index: u8,
     pub name: String,
+    /// Pods get an IPv6 address too, and the node routes IPv6.
+    pub dual_stack: bool,
     pub ns: Netns,
     pub dir: PathBuf,
     kubeconfig: PathBuf,
@@ -39,9 +41,28 @@ pub struct Node {
 
 impl Node {
     /// Creates the namespace and directories and writes the reference conflist.
-    pub fn create(tag: &str, index: u8, root: &Path, kubeconfig: &Path) -> Result<Self> {
+    pub fn create(
+        tag: &str,
+        index: u8,
+        dual_stack: bool,
+        root: &Path,
+        kubeconfig: &Path,
+    ) -> Result<Self> {
         let ns = Netns::new(&format!("{tag}n{index}"))?;
         ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        if dual_stack {
+            ns.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
+            // No duplicate address detection on the node's links (the pod bridge the
+            // CNI plugin creates included): nothing else can hold these addresses, and
+            // DAD would leave a new bridge's gateway unanswered for its first seconds.
+            for conf in ["all", "default"] {
+                ns.exec(&[
+                    "sysctl",
+                    "-qw",
+                    &format!("net.ipv6.conf.{conf}.accept_dad=0"),
+                ])?;
+            }
+        }
         let dir = root.join(format!("node-{index}"));
         for sub in ["conf", "bin", "run", "zds", "ipam"] {
             std::fs::create_dir_all(dir.join(sub))?;
@@ -53,6 +74,7 @@ impl Node {
             ztunnel_env: Vec::new(),
             index,
             name: format!("node-{index}"),
+            dual_stack,
             ns,
             dir,
             kubeconfig: kubeconfig.to_owned(),
@@ -67,8 +89,25 @@ impl Node {
         format!("{CLUSTER_NET_PREFIX}.{}", 10 + self.index)
     }
 
+    /// The node's IPv6 address on the cluster network (dual-stack clusters).
+    pub fn ip6(&self) -> Option<String> {
+        self.dual_stack
+            .then(|| format!("{CLUSTER_NET6_PREFIX}{:x}", 10 + self.index))
+    }
+
+    /// The node's addresses, IPv4 first (`status.addresses`, `hostIPs`).
+    pub fn ips(&self) -> Vec<String> {
+        std::iter::once(self.ip()).chain(self.ip6()).collect()
+    }
+
+    /// The IPv4 pod CIDR (`spec.podCIDR`).
     pub fn pod_cidr(&self) -> String {
-        format!("10.244.{}.0/24", self.index)
+        self.pod_cidrs().remove(0)
+    }
+
+    /// One pod CIDR per family, IPv4 first (`spec.podCIDRs`).
+    pub fn pod_cidrs(&self) -> Vec<String> {
+        cni::pod_cidrs(self.index, self.dual_stack)
     }
 
     pub fn conf_dir(&self) -> PathBuf {
@@ -128,7 +167,7 @@ impl Node {
 
     /// (Re)writes the primary CNI's config, as a CNI installer would on its start.
     pub fn write_bridge_conflist(&self) -> Result<()> {
-        let list = cni::bridge_conflist(self.index, &self.dir.join("ipam"));
+        let list = cni::bridge_conflist(self.index, self.dual_stack, &self.dir.join("ipam"));
         let tmp = self.conf_dir().join(".bridge.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(&list)?)?;
         std::fs::rename(&tmp, self.conf_dir().join(BRIDGE_CONFLIST))?;

@@ -84,16 +84,22 @@ pub fn service(
     })
 }
 
-/// A Ready node with its pod CIDR and cluster-network address.
-pub fn node(name: &str, ip: &str, pod_cidr: &str) -> Value {
+/// A Ready Node with one cluster-network InternalIP and one pod CIDR per family
+/// (primary first).
+pub fn node(name: &str, ips: &[String], pod_cidrs: &[String]) -> Value {
     let now = now_rfc3339();
+    let mut addresses: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"type": "InternalIP", "address": ip}))
+        .collect();
+    addresses.push(json!({"type": "Hostname", "address": name}));
     json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
-        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
+        "spec": {"podCIDR": pod_cidrs.first(), "podCIDRs": pod_cidrs},
         "status": {
-            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+            "addresses": addresses,
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                             "lastHeartbeatTime": now, "lastTransitionTime": now}],
             "nodeInfo": {"kubeletVersion": "v1.33.0-e2e", "containerRuntimeVersion": "e2e://netns",

@@ -35,11 +35,14 @@ impl DnsServer {
     pub async fn bind(sockets: &dyn SocketFactory, addr: SocketAddr) -> std::io::Result<Self> {
         let mut server = DnsServer {
             udp: vec![sockets.udp_socket(addr).await?],
-            tcp: vec![sockets.tcp_listener(addr).await?],
+            tcp: vec![sockets.tcp_listener(addr, false).await?],
         };
         if addr.ip().is_loopback() && addr.is_ipv4() {
             let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, addr.port()));
-            match (sockets.udp_socket(v6).await, sockets.tcp_listener(v6).await) {
+            match (
+                sockets.udp_socket(v6).await,
+                sockets.tcp_listener(v6, false).await,
+            ) {
                 (Ok(udp), Ok(tcp)) => {
                     server.udp.push(udp);
                     server.tcp.push(tcp);

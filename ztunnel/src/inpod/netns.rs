@@ -153,8 +153,8 @@ impl SocketFactory for PodSocketFactory {
         })
     }
 
-    fn tcp_listener(&self, addr: SocketAddr) -> ListenerFuture<'_> {
-        Box::pin(self.listen(addr, false))
+    fn tcp_listener(&self, addr: SocketAddr, transparent: bool) -> ListenerFuture<'_> {
+        Box::pin(self.listen(addr, transparent))
     }
 }
 

@@ -3,15 +3,13 @@
 //! snapshot after every (re)connect.
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use shared_types::constants::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_CAPTURE_PORT};
 use shared_types::zds::WorkloadInfo;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::netns::{NetnsExecutor, PodNetns, PodSocketFactory};
 use crate::dns::DnsProxy;
@@ -19,7 +17,9 @@ use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
 use crate::metrics::Metrics;
 use crate::proxy::connections::ConnectionManager;
-use crate::proxy::{check_local_node, Listeners, LocalWorkload, OwnPorts, ProxyInputs};
+use crate::proxy::{
+    check_local_node, ListenAddrs, Listeners, LocalWorkload, OwnPorts, ProxyInputs,
+};
 use crate::socket::SocketFactory;
 use crate::state::StateStore;
 
@@ -43,6 +43,8 @@ pub struct SharedInputs {
     pub node_name: String,
     /// The DNS proxy each pod gets, unless ISTIO_META_DNS_CAPTURE turned it off.
     pub dns: Option<DnsProxy>,
+    /// Where each pod's listeners bind inside its namespace ([`ListenAddrs::inpod`]).
+    pub listen: ListenAddrs,
 }
 
 /// A pod as `/config_dump` shows it.
@@ -123,34 +125,8 @@ impl Drop for AddInProgress {
     }
 }
 
-/// Where a pod's listeners bind inside its namespace.
-#[derive(Clone, Copy, Debug)]
-struct PodListen {
-    outbound: SocketAddr,
-    inbound: SocketAddr,
-    inbound_plaintext: SocketAddr,
-    /// Whether the inbound ones accept for any address (`IP_TRANSPARENT`).
-    transparent: bool,
-}
-
-impl PodListen {
-    /// Istio's: outbound on 127.0.0.1:15001, inbound on *:15008 and *:15006,
-    /// transparent. (Tests bind ephemeral ports without `IP_TRANSPARENT`, which needs
-    /// CAP_NET_ADMIN.)
-    fn istio() -> Self {
-        let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
-        PodListen {
-            outbound: SocketAddr::from(([127, 0, 0, 1], OUTBOUND_CAPTURE_PORT)),
-            inbound: any(HBONE_PORT),
-            inbound_plaintext: any(INBOUND_PLAINTEXT_PORT),
-            transparent: true,
-        }
-    }
-}
-
 pub struct PodProxies {
     inputs: SharedInputs,
-    listen: PodListen,
     pods: BTreeMap<String, RunningPod>,
     registry: PodRegistry,
     /// Pods the agent replayed since the current connection began; `None` once
@@ -162,7 +138,6 @@ impl PodProxies {
     pub fn new(inputs: SharedInputs, registry: PodRegistry) -> Self {
         PodProxies {
             inputs,
-            listen: PodListen::istio(),
             pods: BTreeMap::new(),
             registry,
             replayed: None,
@@ -232,24 +207,10 @@ impl PodProxies {
             executor: self.inputs.executor.clone(),
             mark: self.inputs.mark,
         };
-        let PodListen {
-            outbound,
-            inbound,
-            inbound_plaintext,
-            transparent,
-        } = self.listen;
-        let pod_sockets = &factory;
-        let listen = |addr: SocketAddr, transparent| async move {
-            pod_sockets
-                .listen(addr, transparent)
-                .await
-                .map_err(|e| format!("listening on {} in the pod: {e}", addr.port()))
-        };
-        let listeners = Listeners {
-            outbound: listen(outbound, false).await?,
-            inbound: listen(inbound, transparent).await?,
-            inbound_plaintext: listen(inbound_plaintext, transparent).await?,
-        };
+        let listeners = Listeners::bind(&factory, self.inputs.listen)
+            .await
+            .map_err(|e| format!("listening in the pod: {e}"))?;
+        debug!(%uid, addrs = ?listeners.local_addrs(), "bound the pod's listeners");
         let drain = self.inputs.root_drain.child();
         let local = LocalWorkload {
             namespace: info.namespace.clone(),

@@ -4,6 +4,7 @@
 //! unmarked sockets.
 
 use std::fs::File;
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 
 use super::*;
@@ -26,6 +27,7 @@ workloads:
 "#;
 
 fn pod_proxies() -> PodProxies {
+    let ephemeral = SocketAddr::from(([127, 0, 0, 1], 0));
     let inputs = SharedInputs {
         state: state(WORKLOADS),
         certs: certs(),
@@ -40,16 +42,15 @@ fn pod_proxies() -> PodProxies {
         own_ports: OwnPorts::default(),
         node_name: "node-1".into(),
         dns: None,
+        listen: ListenAddrs {
+            outbound: ephemeral,
+            inbound: ephemeral,
+            inbound_plaintext: ephemeral,
+            transparent: false,
+            ipv6: false,
+        },
     };
-    let mut pods = PodProxies::new(inputs, PodRegistry::default());
-    let ephemeral = SocketAddr::from(([127, 0, 0, 1], 0));
-    pods.listen = PodListen {
-        outbound: ephemeral,
-        inbound: ephemeral,
-        inbound_plaintext: ephemeral,
-        transparent: false,
-    };
-    pods
+    PodProxies::new(inputs, PodRegistry::default())
 }
 
 /// Our own network namespace, as the agent would hand over a pod's.

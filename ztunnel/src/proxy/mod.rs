@@ -18,12 +18,12 @@ use shared_types::constants::{
 };
 
 use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
 use crate::metrics::Metrics;
-use crate::socket::{LocalSocketFactory, SocketFactory};
+use crate::socket::SocketFactory;
 use crate::state::workload::Workload;
 use crate::state::StateStore;
 use connections::ConnectionManager;
@@ -75,27 +75,60 @@ pub struct ListenAddrs {
     pub outbound: SocketAddr,
     pub inbound: SocketAddr,
     pub inbound_plaintext: SocketAddr,
+    /// Whether the inbound ones accept for any address (`IP_TRANSPARENT`).
+    pub transparent: bool,
+    /// Also bind each IPv4 wildcard or loopback address's IPv6 twin
+    /// ([`crate::socket::ipv6_twin`]), where the namespace has IPv6.
+    pub ipv6: bool,
 }
 
-/// The bound listeners of one workload.
+impl ListenAddrs {
+    /// Istio's in-pod listeners: outbound on 127.0.0.1:15001, inbound on *:15008 and
+    /// *:15006, transparent; each also on IPv6 (`[::1]`, `[::]`) when `ipv6`.
+    pub fn inpod(ipv6: bool) -> Self {
+        let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
+        ListenAddrs {
+            outbound: SocketAddr::from(([127, 0, 0, 1], OUTBOUND_CAPTURE_PORT)),
+            inbound: any(HBONE_PORT),
+            inbound_plaintext: any(INBOUND_PLAINTEXT_PORT),
+            transparent: true,
+            ipv6,
+        }
+    }
+}
+
+/// The bound listeners of one workload: one socket per address family for each.
 pub struct Listeners {
-    pub outbound: TcpListener,
-    pub inbound: TcpListener,
-    pub inbound_plaintext: TcpListener,
+    pub outbound: Vec<TcpListener>,
+    pub inbound: Vec<TcpListener>,
+    pub inbound_plaintext: Vec<TcpListener>,
 }
 
 impl Listeners {
-    /// Binds all three in ztunnel's own namespace (dedicated mode).
-    pub fn bind(sockets: &LocalSocketFactory, addrs: ListenAddrs) -> std::io::Result<Self> {
+    /// Binds all three through `sockets` (ztunnel's own namespace in dedicated mode,
+    /// the pod's in in-pod mode). A namespace without IPv6 gets its IPv4 listeners
+    /// and no error: a pod with IPv6 disabled is served, and never unready, over IPv4.
+    pub async fn bind(sockets: &dyn SocketFactory, addrs: ListenAddrs) -> std::io::Result<Self> {
+        let bind = |addr, transparent| bind_families(sockets, addr, transparent, addrs.ipv6);
         Ok(Listeners {
-            outbound: sockets.listener(addrs.outbound, false)?,
-            inbound: sockets.listener(addrs.inbound, false)?,
-            inbound_plaintext: sockets.listener(addrs.inbound_plaintext, false)?,
+            outbound: bind(addrs.outbound, false).await?,
+            inbound: bind(addrs.inbound, addrs.transparent).await?,
+            inbound_plaintext: bind(addrs.inbound_plaintext, addrs.transparent).await?,
         })
     }
 
+    /// The local addresses bound, for logs and tests.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        [&self.outbound, &self.inbound, &self.inbound_plaintext]
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
     /// Runs the three proxies until `inputs.drain` stops them. The handles finish
-    /// once the listeners are closed.
+    /// once the listeners are closed. Both families of a proxy share one instance
+    /// (and so one HBONE pool).
     pub fn spawn(self, inputs: ProxyInputs) -> Vec<tokio::task::JoinHandle<()>> {
         if let Some(w) = inputs.local_workload() {
             if w.identity() != inputs.local.identity {
@@ -105,14 +138,48 @@ impl Listeners {
         }
         info!(workload = %format!("{}/{}", inputs.local.namespace, inputs.local.name),
             identity = %inputs.local.identity, "starting proxies");
-        vec![
-            tokio::spawn(outbound::Outbound::new(inputs.clone()).run(self.outbound)),
-            tokio::spawn(inbound::Inbound::new(inputs.clone()).run(self.inbound)),
-            tokio::spawn(
-                inbound_passthrough::InboundPassthrough::new(inputs).run(self.inbound_plaintext),
-            ),
-        ]
+        let outbound = outbound::Outbound::new(inputs.clone());
+        let inbound = inbound::Inbound::new(inputs.clone());
+        let passthrough = inbound_passthrough::InboundPassthrough::new(inputs);
+        let mut handles = Vec::new();
+        for l in self.outbound {
+            handles.push(tokio::spawn(outbound.clone().run(l)));
+        }
+        for l in self.inbound {
+            handles.push(tokio::spawn(inbound.clone().run(l)));
+        }
+        for l in self.inbound_plaintext {
+            handles.push(tokio::spawn(passthrough.clone().run(l)));
+        }
+        handles
     }
+}
+
+/// Binds `addr`, and its IPv6 twin when `ipv6`; the twin is skipped, not an error,
+/// where the namespace has no IPv6.
+pub async fn bind_families(
+    sockets: &dyn SocketFactory,
+    addr: SocketAddr,
+    transparent: bool,
+    ipv6: bool,
+) -> std::io::Result<Vec<TcpListener>> {
+    let named = |addr: SocketAddr| {
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("binding {addr}: {e}"))
+    };
+    let mut bound = vec![sockets
+        .tcp_listener(addr, transparent)
+        .await
+        .map_err(named(addr))?];
+    if let Some(v6) = crate::socket::ipv6_twin(addr).filter(|_| ipv6) {
+        match sockets.tcp_listener(v6, transparent).await {
+            Ok(listener) => bound.push(listener),
+            Err(e) if crate::socket::is_no_ipv6(&e) => {
+                debug!(addr = %v6, error = %e, "no IPv6 in this namespace: IPv4 only");
+            }
+            Err(e) => return Err(named(v6)(e)),
+        }
+    }
+    Ok(bound)
 }
 
 /// Accepts connections until the drain stops the listener, running `handle` for

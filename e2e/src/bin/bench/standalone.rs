@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use e2e::mesh;
 use e2e::netns::Netns;
 use e2e::process::{wait_for, ChildGuard};
-use e2e::standalone::{Standalone, DIRECT_ECHO_PORT, ECHO_PORT, SERVER_IP};
+use e2e::standalone::{Standalone, DIRECT_ECHO_PORT, ECHO_PORT, SERVER_IP, SERVER_IP6};
 
 use shared_types::constants::ZTUNNEL_DEFAULT_WORKER_THREADS;
 
@@ -75,6 +75,8 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
         plan.pings
     );
     figures.extend(latency(&setups, plan)?);
+    eprintln!("IPv6 beside IPv4: single-stream throughput and latency...");
+    figures.extend(ipv6(&setups[0], plan)?);
     figures.extend(the_rest(&setups[0].topology, plan, rss_idle)?);
     drop(direct_iperf); // before its namespace goes
     Ok(figures)
@@ -186,6 +188,61 @@ fn latency(setups: &[Setup], plan: &Plan) -> Result<Vec<Figure>> {
     Ok(figures)
 }
 
+/// IPv6 beside IPv4 on one setup, run by run alternating the four paths (direct and
+/// mesh, each family): single-stream throughput and added latency of IPv6 against
+/// direct IPv6, and mesh IPv6 against mesh IPv4 (the goal: within 5 %).
+fn ipv6(setup: &Setup, plan: &Plan) -> Result<Vec<Figure>> {
+    let a = &setup.topology.a;
+    let secs = plan.throughput_secs;
+    let (mut direct6, mut mesh4, mut mesh6) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..plan.throughput_reps {
+        direct6.push(iperf_to(a, SERVER_IP6, DIRECT_IPERF_PORT, secs, 1)?);
+        mesh4.push(iperf_to(a, SERVER_IP, MESH_IPERF_PORT, secs, 1)?);
+        mesh6.push(iperf_to(a, SERVER_IP6, MESH_IPERF_PORT, secs, 1)?);
+    }
+    let v6 = format!("[{SERVER_IP6}]");
+    let direct_ping = ping_to(a, &v6, DIRECT_ECHO_PORT, plan.pings, 0)?;
+    let mesh4_ping = ping_to(a, SERVER_IP, ECHO_PORT, plan.pings, 0)?;
+    let mesh6_ping = ping_to(a, &v6, ECHO_PORT, plan.pings, 0)?;
+    let p50 = |v: &serde_json::Value| v["p50_us"].as_f64().unwrap_or(0.0);
+    let p99 = |v: &serde_json::Value| v["p99_us"].as_f64().unwrap_or(0.0);
+    Ok(vec![
+        ratio(
+            "throughput, 1 stream, IPv6 (median)",
+            "Gbit/s",
+            direct6,
+            mesh6.clone(),
+            "",
+        ),
+        ratio(
+            "throughput, 1 stream, mesh IPv6 / mesh IPv4 (median)",
+            "Gbit/s",
+            mesh4,
+            mesh6,
+            ">= 0.95 (within 5 %)",
+        ),
+        added(
+            "added latency p50, IPv6",
+            p50(&direct_ping),
+            p50(&mesh6_ping),
+            "",
+        ),
+        added(
+            "added latency p99, IPv6",
+            p99(&direct_ping),
+            p99(&mesh6_ping),
+            "",
+        ),
+        ratio(
+            "round-trip p50 through the mesh, IPv6 / IPv4",
+            "µs",
+            vec![p50(&mesh4_ping)],
+            vec![p50(&mesh6_ping)],
+            "<= 1.05 (within 5 %)",
+        ),
+    ])
+}
+
 /// Paced latency with CPU, connection churn, pooling and memory (`rss_idle`: A's
 /// ztunnel before any traffic, in KiB).
 fn the_rest(topology: &Standalone, plan: &Plan, rss_idle: u64) -> Result<Vec<Figure>> {
@@ -268,10 +325,15 @@ fn iperf_server(ns: &Netns, port: u16) -> Result<ChildGuard> {
 }
 
 fn iperf(a: &Netns, port: u16, secs: u32, streams: u32) -> Result<f64> {
+    iperf_to(a, SERVER_IP, port, secs, streams)
+}
+
+/// iperf3 from A to `server` (either family, no brackets); Gbit/s received.
+fn iperf_to(a: &Netns, server: &str, port: u16, secs: u32, streams: u32) -> Result<f64> {
     let out = a.stdout(&[
         "iperf3",
         "-c",
-        SERVER_IP,
+        server,
         "-p",
         &port.to_string(),
         "-t",
@@ -288,12 +350,23 @@ fn iperf(a: &Netns, port: u16, secs: u32, streams: u32) -> Result<f64> {
 }
 
 fn ping(a: &Netns, port: u16, count: u64, interval_ms: u64) -> Result<serde_json::Value> {
+    ping_to(a, SERVER_IP, port, count, interval_ms)
+}
+
+/// `e2e-app ping` from A to `server` (IPv6 in brackets).
+fn ping_to(
+    a: &Netns,
+    server: &str,
+    port: u16,
+    count: u64,
+    interval_ms: u64,
+) -> Result<serde_json::Value> {
     app(
         a,
         &[
             "ping",
             "--connect",
-            &format!("{SERVER_IP}:{port}"),
+            &format!("{server}:{port}"),
             "--count",
             &count.to_string(),
             "--interval-ms",
