@@ -15,7 +15,7 @@ use tracing::debug;
 
 use super::policy::ConvertedPolicy;
 use super::Options;
-use mesh_model::service::{NamespacedHostname, NetworkAddress};
+use mesh_model::service::{IpFamily, NamespacedHostname, NetworkAddress};
 use mesh_model::workload::{GatewayAddress, GatewayDestination, NetworkMode};
 use mesh_model::{HealthStatus, Protocol, Service, Workload};
 
@@ -81,6 +81,7 @@ pub fn service(svc: &KubeService, opts: &Options) -> Option<ServiceInfo> {
             hostname: service_hostname(name, namespace, &opts.cluster_domain),
             vips: service_vips(svc),
             ports,
+            ip_families: ip_families(spec.ip_families.as_deref().unwrap_or_default()),
             ..Default::default()
         },
         selector: spec.selector.clone().unwrap_or_default(),
@@ -103,6 +104,18 @@ fn service_port(p: &ServicePort) -> Option<(u16, Target)> {
         },
     };
     Some((port, target))
+}
+
+/// `spec.ipFamilies` as Istio publishes it: one family, both (`DUAL`), or unset
+/// (`AUTOMATIC`) when the API server filled in none.
+fn ip_families(families: &[String]) -> Option<IpFamily> {
+    let has = |f: &str| families.iter().any(|x| x == f);
+    match (has("IPv4"), has("IPv6")) {
+        (true, true) => Some(IpFamily::Dual),
+        (true, false) => Some(IpFamily::IPv4),
+        (false, true) => Some(IpFamily::IPv6),
+        (false, false) => None,
+    }
 }
 
 /// ClusterIPs (not `None`), plus load-balancer ingress IPs, in the default network.

@@ -52,6 +52,8 @@ spec:
   type: ClusterIP
   clusterIP: 10.96.0.10
   clusterIPs: [10.96.0.10, "fd00:96::10"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: PreferDualStack
   selector: {app: web}
   ports:
   - {name: http, port: 80, targetPort: http}
@@ -171,6 +173,14 @@ fn service_converts_vips_ports_and_hostname() {
     assert_eq!(s.targets.len(), 4);
     let json = serde_json::to_value(&s.service).unwrap();
     assert_eq!(json["vips"][0], "/10.96.0.10");
+    // `spec.ipFamilies` as Istio's `ip_families`: both, one, or unset.
+    assert_eq!(s.service.ip_families, Some(IpFamily::Dual));
+    let v6 = svc_yaml(
+        "metadata: {name: s, namespace: n}\nspec: {clusterIP: \"fd00::1\", ipFamilies: [IPv6]}\n",
+    );
+    assert_eq!(services(&[v6])[0].service.ip_families, Some(IpFamily::IPv6));
+    let unset = svc_yaml("metadata: {name: s, namespace: n}\nspec: {clusterIP: 10.96.0.1}\n");
+    assert_eq!(services(&[unset])[0].service.ip_families, None);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! workload. Mesh destinations get an HBONE tunnel, services are resolved to an
 //! endpoint, everything else passes through as plain TCP.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use crate::hbone::stream::{copy_bidirectional, copy_tcp};
 use crate::identity::Identity;
 use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
 use crate::socket::{self, original_dst};
-use crate::state::service::Service;
+use crate::state::service::{IpFamily, Service};
 use crate::state::workload::{Protocol, Workload};
 use shared_types::constants::HBONE_PORT;
 
@@ -72,6 +72,22 @@ impl Route {
             waypoint.destination.to_string(),
         ))
     }
+}
+
+/// The address of `workload` a connection to `service`'s VIP `vip` goes to: of the
+/// Service's own family when it has only one (`ip_families`), else of the VIP's;
+/// any address of the workload when it has none of that family.
+fn endpoint_ip(service: &Service, workload: &Workload, vip: IpAddr) -> Option<IpAddr> {
+    let v4 = match service.ip_families {
+        Some(IpFamily::IPv4) => true,
+        Some(IpFamily::IPv6) => false,
+        Some(IpFamily::Dual) | None => vip.is_ipv4(),
+    };
+    let ips = &workload.workload_ips;
+    ips.iter()
+        .find(|ip| ip.is_ipv4() == v4)
+        .or(ips.first())
+        .copied()
 }
 
 impl Outbound {
@@ -203,12 +219,7 @@ impl Outbound {
         let state = &self.inputs.state;
         if let Some(service) = state.service_by_vip(dst.ip()) {
             let (workload, target_port) = state.pick_endpoint(&service, dst.port())?;
-            let ip = workload
-                .workload_ips
-                .iter()
-                .find(|ip| ip.is_ipv4() == dst.is_ipv4())
-                .or(workload.workload_ips.first())
-                .copied()?;
+            let ip = endpoint_ip(&service, &workload, dst.ip())?;
             let target = SocketAddr::new(ip, target_port);
             return Some(match workload.protocol {
                 Protocol::Hbone => Route::Hbone {

@@ -321,3 +321,31 @@ services:
     ];
     assert_eq!(connections(&server.metrics, OPENED, &received), 1);
 }
+
+#[test]
+fn a_vip_goes_to_the_endpoint_address_of_the_services_family() {
+    let yaml = r#"workloads:
+- uid: Kubernetes//Pod/test/dual
+  name: dual
+  namespace: test
+  serviceAccount: server
+  workloadIps: ["10.0.0.7", "fd00::7"]
+services:
+- {name: dual, namespace: test, hostname: dual.test.svc.cluster.local, vips: ["/10.96.0.7", "/fd00:96::7"], ipFamilies: Dual}
+- {name: auto, namespace: test, hostname: auto.test.svc.cluster.local, vips: ["/fd00:96::8"]}
+- {name: v4, namespace: test, hostname: v4.test.svc.cluster.local, vips: ["/fd00:96::9"], ipFamilies: IPv4}
+"#;
+    let state = state(yaml);
+    let workload = state.workload_by_name("test", "dual").unwrap();
+    let pick = |vip: &str| {
+        let vip: IpAddr = vip.parse().unwrap();
+        let service = state.service_by_vip(vip).unwrap();
+        endpoint_ip(&service, &workload, vip).unwrap().to_string()
+    };
+    // Dual or unset: the VIP's family.
+    assert_eq!(pick("10.96.0.7"), "10.0.0.7");
+    assert_eq!(pick("fd00:96::7"), "fd00::7");
+    assert_eq!(pick("fd00:96::8"), "fd00::7");
+    // One family: that family, whatever the VIP.
+    assert_eq!(pick("fd00:96::9"), "10.0.0.7");
+}
