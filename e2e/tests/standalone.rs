@@ -65,7 +65,9 @@ fn hundred_megabytes_cross_hbone_with_spiffe_identities() -> Result<()> {
     );
 
     // IPv6 is captured too (`capture apply --ipv6` → `[::1]:15001`) and crosses its
-    // own HBONE connection to `[SERVER_IP6]:15008`, with the same identities.
+    // own HBONE connection to `[SERVER_IP6]:15008`, with the same identities. Every
+    // listener, ztunnel's own servers included (a kubelet may probe readiness over
+    // IPv6), has a socket of each family.
     for ns in [&mesh.a, &mesh.b] {
         let ports = ns.stdout(&["ss", "-Hltn"])?;
         for socket in [
@@ -73,6 +75,9 @@ fn hundred_megabytes_cross_hbone_with_spiffe_identities() -> Result<()> {
             "[::1]:15001",
             "0.0.0.0:15008",
             "[::]:15008",
+            "[::1]:15000",
+            "[::]:15020",
+            "[::]:15021",
         ] {
             assert!(
                 ports.contains(socket),

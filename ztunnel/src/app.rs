@@ -340,15 +340,16 @@ async fn serve_operations(
             extra
         }),
     };
-    let listener = bind(config.admin_addr, "admin").await?;
-    tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {
+    let ipv6 = config.ipv6_enabled;
+    let listeners = bind(config.admin_addr, ipv6, "admin").await?;
+    spawn_server(listeners, shutdown, move |req| {
         let admin = admin.clone();
         async move { admin.handle(req).await }
-    }));
+    });
 
-    let listener = bind(config.metrics_addr, "metrics").await?;
+    let listeners = bind(config.metrics_addr, ipv6, "metrics").await?;
     let metrics = metrics.clone();
-    tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {
+    spawn_server(listeners, shutdown, move |req| {
         let metrics = metrics.clone();
         async move {
             match req.path.as_str() {
@@ -365,21 +366,44 @@ async fn serve_operations(
                 _ => http::text(::http::StatusCode::NOT_FOUND, "not found\n"),
             }
         }
-    }));
+    });
 
-    let listener = bind(config.readiness_addr, "readiness").await?;
+    let listeners = bind(config.readiness_addr, ipv6, "readiness").await?;
     let readiness = readiness.clone();
-    tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {
+    spawn_server(listeners, shutdown, move |req| {
         let readiness = readiness.clone();
         async move { readiness.handle(req).await }
-    }));
+    });
     Ok(())
 }
 
-async fn bind(addr: std::net::SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the {what} server to {addr}"))
+/// Serves `handler` on each listener of one server (one per address family).
+fn spawn_server<H, F>(listeners: Vec<TcpListener>, shutdown: &CancellationToken, handler: H)
+where
+    H: Fn(http::SimpleRequest) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = http::SimpleResponse> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    for listener in listeners {
+        let handler = handler.clone();
+        tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {
+            handler(req)
+        }));
+    }
+}
+
+/// Binds one of ztunnel's own servers on `addr`, and on its IPv6 twin with
+/// `IPV6_ENABLED` (a kubelet probing an IPv6 pod address must reach readiness).
+async fn bind(
+    addr: std::net::SocketAddr,
+    ipv6: bool,
+    what: &str,
+) -> anyhow::Result<Vec<TcpListener>> {
+    crate::socket::bind_with_ipv6_twin(addr, ipv6, |a| {
+        std::future::ready(crate::socket::server_listener(a))
+    })
+    .await
+    .with_context(|| format!("binding the {what} server"))
 }
 
 async fn wait_for_shutdown(shutdown: &CancellationToken) {

@@ -151,6 +151,47 @@ pub fn ipv6_twin(addr: SocketAddr) -> Option<SocketAddr> {
     }
 }
 
+/// Binds `addr` with `bind`, then its IPv6 twin ([`ipv6_twin`]) when `ipv6`; the twin
+/// is skipped, not an error, where the namespace has no IPv6. Errors name the address.
+pub async fn bind_with_ipv6_twin<F, Fut>(
+    addr: SocketAddr,
+    ipv6: bool,
+    bind: F,
+) -> io::Result<Vec<TcpListener>>
+where
+    F: Fn(SocketAddr) -> Fut,
+    Fut: Future<Output = io::Result<TcpListener>>,
+{
+    let named = |addr: SocketAddr| {
+        move |e: io::Error| io::Error::new(e.kind(), format!("binding {addr}: {e}"))
+    };
+    let mut bound = vec![bind(addr).await.map_err(named(addr))?];
+    if let Some(v6) = ipv6_twin(addr).filter(|_| ipv6) {
+        match bind(v6).await {
+            Ok(listener) => bound.push(listener),
+            Err(e) if is_no_ipv6(&e) => {
+                tracing::debug!(addr = %v6, error = %e, "no IPv6 in this namespace: IPv4 only");
+            }
+            Err(e) => return Err(named(v6)(e)),
+        }
+    }
+    Ok(bound)
+}
+
+/// A listener for ztunnel's own servers (admin, metrics, readiness): no mark, no port
+/// sharing; an IPv6 address takes IPv6 only, so it can sit beside its IPv4 twin.
+pub fn server_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    socket.set_nonblocking(true)?;
+    TcpListener::from_std(socket.into())
+}
+
 /// Whether a bind failed because the namespace has no IPv6 (disabled by sysctl, so no
 /// `::1` on `lo`, or no IPv6 in the kernel), not because of a real conflict.
 pub fn is_no_ipv6(e: &io::Error) -> bool {

@@ -219,17 +219,8 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
     );
 
     step("DNS: the client resolves the server by its Service name (ztunnel's DNS proxy)");
-    // Every ClusterIP (one per family on a dual-stack cluster).
-    let vips = c.kubectl(&[
-        "get",
-        "service",
-        "-n",
-        NS,
-        "server",
-        "-o",
-        "jsonpath={.spec.clusterIPs[*]}",
-    ])?;
-    let vip = vips.split_whitespace().collect::<Vec<_>>().join(", ");
+    let vips = server_vips(c)?;
+    let vip = vips.join(", ");
     let resolved = c.exec_in_pod(NS, "client", &["getent", "hosts", "server"])?;
     println!(
         "   $ getent hosts server        (in the client pod)\n{}",
@@ -237,7 +228,7 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
     );
     if !resolved
         .split_whitespace()
-        .any(|word| vips.split_whitespace().any(|v| v == word))
+        .any(|word| vips.iter().any(|v| v == word))
     {
         bail!("`server` resolved to {resolved:?}, not the Service's ClusterIP ({vip})");
     }
@@ -283,6 +274,13 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
     Ok(())
 }
 
+/// The `server` Service's ClusterIPs (one per family on a dual-stack cluster).
+fn server_vips(c: &LocalCluster) -> Result<Vec<String>> {
+    let jsonpath = "jsonpath={.spec.clusterIPs[*]}";
+    let out = c.kubectl(&["get", "service", "-n", NS, "server", "-o", jsonpath])?;
+    Ok(out.split_whitespace().map(str::to_owned).collect())
+}
+
 /// The dual-stack part: the same pods over their IPv6 addresses.
 fn ipv6_demo(c: &LocalCluster) -> Result<()> {
     step("IPv6: the same pods over their IPv6 addresses (dual-stack cluster)");
@@ -319,15 +317,7 @@ fn ipv6_demo(c: &LocalCluster) -> Result<()> {
         "   -> captured by the pod's ip6tables rules, carried over HBONE to [{server}]:15008,"
     );
     println!("      and the server sees the client's own IPv6 address.");
-    let vips = c.kubectl(&[
-        "get",
-        "service",
-        "-n",
-        NS,
-        "server",
-        "-o",
-        "jsonpath={.spec.clusterIPs}",
-    ])?;
+    let vips = server_vips(c)?.join(", ");
     let resolved = c.exec_in_pod(NS, "client", &["getent", "ahostsv6", "server"])?;
     println!("   the Service's ClusterIPs (ipFamilyPolicy PreferDualStack): {vips}");
     println!(

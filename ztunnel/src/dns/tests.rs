@@ -233,9 +233,18 @@ fn random_and_mutated_input_never_panics() {
 /// A test upstream on loopback: `external.test.` A 192.0.2.1, everything else
 /// NXDOMAIN; UDP and TCP on the same port.
 async fn upstream() -> SocketAddr {
-    let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = udp.local_addr().unwrap();
-    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    // The UDP port is ephemeral; the same TCP port may be taken by another test's
+    // socket, so try again with another.
+    let mut attempts = 0;
+    let (udp, addr, tcp) = loop {
+        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = udp.local_addr().unwrap();
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(tcp) => break (udp, addr, tcp),
+            Err(_) if attempts < 20 => attempts += 1,
+            Err(e) => panic!("no port free for both UDP and TCP: {e}"),
+        }
+    };
     fn answer(query: &[u8]) -> Vec<u8> {
         let q = Message::from_vec(query).unwrap();
         let mut m = Message::new();

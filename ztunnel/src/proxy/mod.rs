@@ -18,7 +18,7 @@ use shared_types::constants::{
 };
 
 use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
@@ -109,7 +109,11 @@ impl Listeners {
     /// the pod's in in-pod mode). A namespace without IPv6 gets its IPv4 listeners
     /// and no error: a pod with IPv6 disabled is served, and never unready, over IPv4.
     pub async fn bind(sockets: &dyn SocketFactory, addrs: ListenAddrs) -> std::io::Result<Self> {
-        let bind = |addr, transparent| bind_families(sockets, addr, transparent, addrs.ipv6);
+        let bind = |addr, transparent: bool| {
+            crate::socket::bind_with_ipv6_twin(addr, addrs.ipv6, move |a| {
+                sockets.tcp_listener(a, transparent)
+            })
+        };
         Ok(Listeners {
             outbound: bind(addrs.outbound, false).await?,
             inbound: bind(addrs.inbound, addrs.transparent).await?,
@@ -153,33 +157,6 @@ impl Listeners {
         }
         handles
     }
-}
-
-/// Binds `addr`, and its IPv6 twin when `ipv6`; the twin is skipped, not an error,
-/// where the namespace has no IPv6.
-pub async fn bind_families(
-    sockets: &dyn SocketFactory,
-    addr: SocketAddr,
-    transparent: bool,
-    ipv6: bool,
-) -> std::io::Result<Vec<TcpListener>> {
-    let named = |addr: SocketAddr| {
-        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("binding {addr}: {e}"))
-    };
-    let mut bound = vec![sockets
-        .tcp_listener(addr, transparent)
-        .await
-        .map_err(named(addr))?];
-    if let Some(v6) = crate::socket::ipv6_twin(addr).filter(|_| ipv6) {
-        match sockets.tcp_listener(v6, transparent).await {
-            Ok(listener) => bound.push(listener),
-            Err(e) if crate::socket::is_no_ipv6(&e) => {
-                debug!(addr = %v6, error = %e, "no IPv6 in this namespace: IPv4 only");
-            }
-            Err(e) => return Err(named(v6)(e)),
-        }
-    }
-    Ok(bound)
 }
 
 /// Accepts connections until the drain stops the listener, running `handle` for
