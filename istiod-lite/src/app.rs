@@ -7,7 +7,6 @@ use std::time::UNIX_EPOCH;
 use anyhow::Context;
 use mesh_ca::CertificateAuthority;
 use shared_types::istio::ca::IstioCertificateServiceServer;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -173,8 +172,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         shutdown.clone(),
     )
     .context("issuing the serving certificate")?;
-    let listener = TcpListener::bind(config.grpc_addr)
-        .await
+    let listener = crate::listen::bind(config.grpc_addr)
         .with_context(|| format!("binding {}", config.grpc_addr))?;
     serving_grpc.store(true, Ordering::Relaxed);
     let incoming = server::incoming(listener, server::tls_acceptor(serving)?, shutdown.clone());

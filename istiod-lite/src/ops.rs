@@ -10,7 +10,6 @@ use http::{header, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -81,7 +80,7 @@ where
     F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = http::Result<Response<Full<Bytes>>>> + Send,
 {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = crate::listen::bind(addr)?;
     tokio::spawn(async move {
         loop {
             let tcp = tokio::select! {
