@@ -15,8 +15,10 @@ build-release:
 
 # Unit tests, and the root tests in isolated network namespaces (they skip, saying
 # so, when not root). Binaries are built first: the e2e tests run them.
+# The cluster suites run a second time with the agents in native nftables mode.
 test: setup build
 	$(CARGO) nextest run --workspace --no-fail-fast
+	NATIVE_NFTABLES=true $(CARGO) nextest run -p e2e --test cluster --test no_plaintext --no-fail-fast
 	manifests/check.sh
 
 lint:

@@ -10,7 +10,7 @@ need_root() {
   fi
 }
 
-packages=(iptables iproute2 ipset iperf3 containernetworking-plugins procps dnsutils)
+packages=(iptables nftables iproute2 ipset iperf3 containernetworking-plugins procps dnsutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use crate::peer::{PeerGate, SOCKET_ZDS};
 use crate::queue::{Backoff, WorkQueue};
 use crate::readiness::Readiness;
-use crate::redirect::{Backend, ProbeSnat, Redirector};
+use crate::redirect::{nft, Backend, Mode, ProbeSnat, Redirector};
 use crate::zds::ZdsServer;
 use anyhow::Context;
 use shared_types::cni::AmbientEnablementState;
@@ -52,7 +52,36 @@ pub struct AmbientConfig {
     pub cni_event_timeout: Duration,
     pub metrics_port: u16,
     pub backend: BackendChoice,
+    /// `NATIVE_NFTABLES`
+    pub native_nftables: bool,
     pub selection: Selection,
+}
+
+/// The node's redirection mode: nftables when asked for, except (as Istio) while the
+/// host has the iptables mode's probe ipsets, which another agent may still be using.
+async fn choose_mode(config: &AmbientConfig) -> anyhow::Result<Mode> {
+    let xtables = match config.backend {
+        BackendChoice::Nft => Backend::Nft,
+        BackendChoice::Legacy => Backend::Legacy,
+        BackendChoice::Auto => tokio::task::spawn_blocking(Backend::detect).await?,
+    };
+    let mode = if !config.native_nftables {
+        Mode::Iptables(xtables)
+    } else if tokio::task::spawn_blocking(ProbeSnat::ipsets_exist).await?? {
+        tracing::warn!(
+            "NATIVE_NFTABLES is set but the host has the iptables-mode probe ipsets \
+             (istio-inpod-probes-v4/-v6): staying on iptables"
+        );
+        Mode::Iptables(xtables)
+    } else {
+        Mode::Nftables { xtables }
+    };
+    tracing::info!(
+        mode = mode.name(),
+        xtables = xtables.name(),
+        "redirection mode"
+    );
+    Ok(mode)
 }
 
 /// Builds and starts everything; returns the engine for the CNI handler. `metrics`
@@ -71,13 +100,17 @@ pub async fn start(
         .with_context(|| format!("binding the metrics port {}", config.metrics_port))?;
     tokio::spawn(metrics.clone().serve(listener, cancel.clone()));
 
-    let backend = match config.backend {
-        BackendChoice::Nft => Backend::Nft,
-        BackendChoice::Legacy => Backend::Legacy,
-        BackendChoice::Auto => tokio::task::spawn_blocking(Backend::detect).await?,
-    };
-    tracing::info!(backend = backend.name(), "iptables backend");
-    let probe = ProbeSnat::new(backend, config.ipv6);
+    let mode = choose_mode(config).await?;
+    let mut probe = ProbeSnat::new(mode, config.ipv6);
+    if let Mode::Nftables { .. } = mode {
+        match nft::kubelet_uid(&config.host_proc) {
+            Some(uid) => probe.kubelet_uid = uid,
+            None => tracing::warn!(
+                "no kubelet process in {}: probe SNAT matches uid 0 (root)",
+                config.host_proc.display()
+            ),
+        }
+    }
     let probe = match tokio::task::spawn_blocking(move || probe.install()).await? {
         Ok(()) => Some(probe),
         Err(e) => {
@@ -110,7 +143,7 @@ pub async fn start(
         },
         kube,
         zds,
-        Redirector::new(backend),
+        Redirector::new(mode),
         probe,
         metrics,
         queue,

@@ -501,12 +501,10 @@ impl Enroller {
                 }
             };
             let rules = self.rules_for(&pod, &ips);
-            if repair {
-                match self.redirector.enable(&netns, &rules).await {
-                    Ok(true) => tracing::info!(pod = %key, "repaired drifted rules"),
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(pod = %key, "repairing rules failed: {e}"),
-                }
+            match self.redirector.restore(&netns, &rules, repair).await {
+                Ok(true) => tracing::info!(pod = %key, "rules repaired or converted"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(pod = %key, "restoring rules failed: {e}"),
             }
             let info = workload_info(&pod);
             self.zds.register(

@@ -117,6 +117,11 @@ struct Args {
     /// xtables backend: auto-detected from the host's rules, or forced.
     #[arg(long, env = "IPTABLES_BACKEND", value_enum, default_value = "auto")]
     iptables_backend: BackendChoice,
+    /// Program pods with Istio's native nftables tables instead of iptables (falls back
+    /// to iptables while the host has the iptables-mode probe ipsets).
+    #[arg(long, env = "NATIVE_NFTABLES", num_args = 0..=1, default_value = "false",
+          default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    native_nftables: bool,
 }
 
 /// A bare `*.conflist` name: anything else would not be read by the runtime or would
@@ -165,6 +170,7 @@ impl Args {
                 cni_event_timeout: std::time::Duration::from_secs(self.cni_event_timeout.max(1)),
                 metrics_port: self.metrics_port,
                 backend: self.iptables_backend,
+                native_nftables: self.native_nftables,
                 selection: Selection {
                     excluded_namespaces: exclude_namespaces.clone(),
                     system_namespace: self.pod_namespace.clone(),

@@ -10,7 +10,7 @@ use cni_agent::metrics::Metrics;
 use cni_agent::queue::{Backoff, WorkQueue};
 use cni_agent::redirect::rules::{InpodRules, IpFamily};
 use cni_agent::redirect::save::SavedTables;
-use cni_agent::redirect::{Backend, Redirector};
+use cni_agent::redirect::{Backend, Mode, Redirector};
 use cni_agent::uds::event::CmdAddHandler;
 use cni_agent::zds::ZdsServer;
 use e2e::mesh;
@@ -190,7 +190,7 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
         },
         cache.clone(),
         zds.clone(),
-        Redirector::new(backend),
+        Redirector::new(Mode::Iptables(backend)),
         None,
         Metrics::new(),
         WorkQueue::new(Backoff::default()),
@@ -400,7 +400,7 @@ async fn agent(client: &kube::Client, node: &str, sock: &Path, backend: Backend)
         },
         cache.clone(),
         zds.clone(),
-        Redirector::new(backend),
+        Redirector::new(Mode::Iptables(backend)),
         None,
         Metrics::new(),
         WorkQueue::new(Backoff::default()),

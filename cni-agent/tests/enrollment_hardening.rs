@@ -23,7 +23,7 @@ use cni_agent::queue::{Backoff, WorkQueue};
 use cni_agent::redirect::netns::netns_inode;
 use cni_agent::redirect::rules::{InpodRules, IpFamily};
 use cni_agent::redirect::save::SavedTables;
-use cni_agent::redirect::{Backend, Redirector};
+use cni_agent::redirect::{Backend, Mode, Redirector};
 use cni_agent::uds::{self, event::CmdAddHandler};
 use cni_agent::zds::ZdsServer;
 use common::{access, capture_subscriber, exchange, Answer};
@@ -135,7 +135,7 @@ async fn agent(
         },
         cache.clone(),
         zds.clone(),
-        Redirector::new(backend),
+        Redirector::new(Mode::Iptables(backend)),
         None,
         Metrics::new(),
         WorkQueue::new(Backoff::default()),

@@ -11,7 +11,7 @@ use cni_agent::redirect::netlink::PolicyRouting;
 use cni_agent::redirect::rules::{InpodRules, IpFamily, RuleSet};
 use cni_agent::redirect::save::SavedTables;
 use cni_agent::redirect::{
-    check_inpod, disable_inpod, enable_inpod, CheckResult, MatchedBy, NetnsHandle, ProbeSnat,
+    check_inpod, disable_inpod, enable_inpod, CheckResult, MatchedBy, Mode, NetnsHandle, ProbeSnat,
     ProcScan, Redirector,
 };
 use e2e::netns::Netns;
@@ -313,10 +313,11 @@ fn remove_deletes_only_our_jumps_and_chains() {
             ipt(&ns, backend, family, "-t nat -A OUTPUT -p udp -j ACCEPT");
             ipt(&ns, backend, family, "-t mangle -N OTHER_CHAIN");
         }
-        inside(&ns, || enable_inpod(backend, &rules));
-        let status = inside(&ns, || check_inpod(backend, &rules));
+        let mode = Mode::Iptables(backend);
+        inside(&ns, || enable_inpod(mode, &rules));
+        let status = inside(&ns, || check_inpod(mode, &rules));
         assert!(status.is_ok(), "{backend}: {status:?}");
-        inside(&ns, || disable_inpod(backend, &rules));
+        inside(&ns, || disable_inpod(mode, &rules));
         for family in rules.families() {
             let save = full_save(&ns, backend, family);
             assert!(!save.contains("ISTIO"), "{backend} {family}:\n{save}");
@@ -327,7 +328,7 @@ fn remove_deletes_only_our_jumps_and_chains() {
             assert!(save.contains(":OTHER_CHAIN"), "{backend} {family}:\n{save}");
         }
         // Removing again is a no-op, not an error.
-        inside(&ns, || disable_inpod(backend, &rules));
+        inside(&ns, || disable_inpod(mode, &rules));
     }
 }
 
@@ -374,7 +375,7 @@ async fn redirector_programs_a_pod_from_async_code() {
     let node = Node::new("ra", 204).unwrap();
     let pod = node.add_pod("ra", "p").unwrap();
     let ns = handle(&pod.ns);
-    let redirector = Redirector::new(Backend::Nft);
+    let redirector = Redirector::new(Mode::Iptables(Backend::Nft));
     let rules = InpodRules::default();
     assert!(!redirector.check(&ns, &rules).await.unwrap().is_ok());
     assert!(redirector.enable(&ns, &rules).await.unwrap());
@@ -389,7 +390,7 @@ async fn redirector_programs_a_pod_from_async_code() {
     );
     redirector.disable(&ns, &rules).await.unwrap();
     let status = redirector.check(&ns, &rules).await.unwrap();
-    assert_eq!(status.iptables, CheckResult::Missing);
+    assert_eq!(status.rules, CheckResult::Missing);
     assert!(!status.routing);
 }
 
@@ -550,7 +551,7 @@ fn probe_snat_sets_and_rules_in_a_node_netns() {
     let ip4: IpAddr = "10.244.207.10".parse().unwrap();
     let ip6: IpAddr = "fd00:10:244::a".parse().unwrap();
     for backend in BACKENDS {
-        let probe = ProbeSnat::new(backend, true);
+        let probe = ProbeSnat::new(Mode::Iptables(backend), true);
         inside(&node.ns, || probe.install());
         inside(&node.ns, || probe.install());
         assert!(inside(&node.ns, || probe.check()).is_ok());

@@ -334,6 +334,10 @@ fn ambient_pod(
     c.create_pod("m", name, node, sa, labels, argv).unwrap();
     let p = c.wait_pod_running("m", name, T).unwrap();
     c.wait_redirection("m", name, Some("enabled"), T).unwrap();
+    assert_eq!(
+        c.redirection_of("m", name).unwrap(),
+        e2e::cluster::expected_redirection()
+    );
     for node in 1..=c.nodes.len() as u8 {
         c.wait_ztunnel_sees_hbone(node, &p.ip, T).unwrap();
     }

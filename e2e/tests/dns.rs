@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use cni_agent::redirect::rules::InpodRules;
-use cni_agent::redirect::Backend;
+use cni_agent::redirect::{Backend, Mode};
 use e2e::dns::{
     addresses, ask_udp, pod_resolv_conf, query_bytes, Upstream, BIG_NAME, BIG_RECORDS, EXTERNAL_IP,
     UPSTREAM_IP,
@@ -780,9 +780,9 @@ fn turning_dns_capture_on_captures_the_pods_existing_dns_flows() -> Result<()> {
         dns_capture: true,
         ..Default::default()
     };
-    client
-        .ns
-        .run_inside(|| cni_agent::redirect::enable_inpod(Backend::detect(), &rules))??;
+    client.ns.run_inside(|| {
+        cni_agent::redirect::enable_inpod(Mode::Iptables(Backend::detect()), &rules)
+    })??;
     let after = ask_udp(
         &socket,
         upstream,

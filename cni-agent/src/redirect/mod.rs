@@ -4,6 +4,7 @@
 //! - [`save`], [`plan`]: `iptables-save` parsed and compared rule by rule; the one
 //!   restore transaction that converges (apply = repair) or removes;
 //! - [`iptables`]: the backend (nft or legacy, detected once) and running it;
+//! - [`nft`]: Istio's native nftables mode, over netlink;
 //! - [`netlink`]: the fwmark rule and local route (rtnetlink);
 //! - [`netns`]: running a job inside a netns on its own OS thread;
 //! - [`discover`]: finding an already-running pod's netns through `/proc`;
@@ -17,6 +18,7 @@ pub mod discover;
 pub mod iptables;
 pub mod netlink;
 pub mod netns;
+pub mod nft;
 pub mod plan;
 pub mod probe;
 pub mod rules;
@@ -26,6 +28,7 @@ pub use discover::{find_pod_netns, FoundNetns, MatchedBy, ProcScan};
 pub use iptables::{Backend, IptablesError};
 pub use netlink::{NetlinkError, PolicyRouting};
 pub use netns::{NetnsError, NetnsHandle};
+pub use nft::NftError;
 pub use plan::CheckResult;
 pub use probe::{ProbeError, ProbeSnat};
 pub use rules::{InpodRules, IpFamily, RuleSet};
@@ -38,32 +41,59 @@ pub enum RedirectError {
     Netlink(#[from] NetlinkError),
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Nftables(#[from] nft::NftError),
+}
+
+/// How in-pod redirection is programmed on this node, chosen once at startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `iptables-restore` with the host's xtables backend (Istio's default).
+    Iptables(Backend),
+    /// Istio's native nftables tables, over netlink (`NATIVE_NFTABLES`). The xtables
+    /// backend is kept to clean up rules a previous iptables-mode agent wrote.
+    Nftables { xtables: Backend },
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Iptables(_) => "iptables",
+            Mode::Nftables { .. } => "nftables",
+        }
+    }
 }
 
 /// What [`check_inpod`] found in a pod netns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InpodStatus {
-    /// All families' iptables rules, combined.
-    pub iptables: CheckResult,
+    /// All families' rules (iptables chains or nftables tables), combined.
+    pub rules: CheckResult,
     /// The fwmark rule and local route exist for every family.
     pub routing: bool,
 }
 
 impl InpodStatus {
     pub fn is_ok(&self) -> bool {
-        self.iptables.is_ok() && self.routing
+        self.rules.is_ok() && self.routing
     }
 }
 
 /// Programs redirection in the current thread's netns: the policy route first (as
-/// Istio does), then each family's rules in one restore. Idempotent; also repairs
-/// drift. Returns whether any iptables rule changed.
-pub fn enable_inpod(backend: Backend, rules: &InpodRules) -> Result<bool, RedirectError> {
+/// Istio does), then the rules (one restore per family, or one nftables batch).
+/// Idempotent; also repairs drift. Returns whether any rule changed.
+pub fn enable_inpod(mode: Mode, rules: &InpodRules) -> Result<bool, RedirectError> {
     PolicyRouting::default().add(&rules.families())?;
-    let mut changed = false;
-    for set in rules.rule_sets() {
-        changed |= iptables::apply(backend, &set)?;
-    }
+    let changed = match mode {
+        Mode::Iptables(backend) => {
+            let mut changed = false;
+            for set in rules.rule_sets() {
+                changed |= iptables::apply(backend, &set)?;
+            }
+            changed
+        }
+        Mode::Nftables { .. } => nft::apply_inpod(rules)?,
+    };
     if changed && rules.dns_capture {
         // DNS capture may have just been turned on for a pod whose apps' DNS flows are
         // tracked already: without this they would go on around the redirect. Not
@@ -79,22 +109,67 @@ pub fn enable_inpod(backend: Backend, rules: &InpodRules) -> Result<bool, Redire
     Ok(changed)
 }
 
-/// Removes our chains, jumps, rule and route from the current thread's netns (for the
-/// families `rules` covers), and nothing else.
-pub fn disable_inpod(backend: Backend, rules: &InpodRules) -> Result<(), RedirectError> {
-    for set in rules.rule_sets() {
-        iptables::remove(backend, &set)?;
+/// Takes back an enrolled pod at startup. A pod programmed in the OTHER mode (the
+/// node moved between iptables and nftables; told apart by our nftables tables, over
+/// netlink) is converted in place: the new rules are written before the old ones go,
+/// so capture never lapses. Otherwise its rules are converged when `repair`, and left
+/// as found if not. Returns whether any rule changed.
+pub fn restore_inpod(mode: Mode, rules: &InpodRules, repair: bool) -> Result<bool, RedirectError> {
+    let has_nft_tables = nft::has_inpod_tables()?;
+    let converting = match mode {
+        Mode::Iptables(_) => has_nft_tables,
+        Mode::Nftables { .. } => !has_nft_tables,
+    };
+    if !converting {
+        return if repair {
+            enable_inpod(mode, rules)
+        } else {
+            Ok(false)
+        };
+    }
+    tracing::info!(
+        mode = mode.name(),
+        "converting a pod's redirection to this node's mode"
+    );
+    enable_inpod(mode, rules)?;
+    match mode {
+        Mode::Iptables(_) => nft::remove_inpod()?,
+        Mode::Nftables { xtables } => {
+            for set in rules.rule_sets() {
+                iptables::remove(xtables, &set)?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Removes our chains (or tables), jumps, rule and route from the current thread's
+/// netns (for the families `rules` covers), and nothing else.
+pub fn disable_inpod(mode: Mode, rules: &InpodRules) -> Result<(), RedirectError> {
+    match mode {
+        Mode::Iptables(backend) => {
+            for set in rules.rule_sets() {
+                iptables::remove(backend, &set)?;
+            }
+        }
+        Mode::Nftables { .. } => nft::remove_inpod()?,
     }
     PolicyRouting::default().remove(&rules.families())?;
     Ok(())
 }
 
 /// Compares the current thread's netns with `rules`.
-pub fn check_inpod(backend: Backend, rules: &InpodRules) -> Result<InpodStatus, RedirectError> {
-    let mut results = Vec::new();
-    for set in rules.rule_sets() {
-        results.push(iptables::check(backend, &set)?);
-    }
+pub fn check_inpod(mode: Mode, rules: &InpodRules) -> Result<InpodStatus, RedirectError> {
+    let rules_state = match mode {
+        Mode::Iptables(backend) => {
+            let mut results = Vec::new();
+            for set in rules.rule_sets() {
+                results.push(iptables::check(backend, &set)?);
+            }
+            CheckResult::combine(results)
+        }
+        Mode::Nftables { .. } => nft::check_inpod(rules)?,
+    };
     let routing = PolicyRouting::default();
     let mut routed = true;
     for family in rules.families() {
@@ -102,21 +177,31 @@ pub fn check_inpod(backend: Backend, rules: &InpodRules) -> Result<InpodStatus, 
         routed &= state.rule && state.route;
     }
     Ok(InpodStatus {
-        iptables: CheckResult::combine(results),
+        rules: rules_state,
         routing: routed,
     })
 }
 
 /// The in-pod operations for async callers: each runs inside the given netns on its
-/// own OS thread, with the node's backend chosen once.
+/// own OS thread, in the node's mode chosen once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Redirector {
-    pub backend: Backend,
+    pub mode: Mode,
 }
 
 impl Redirector {
-    pub fn new(backend: Backend) -> Self {
-        Redirector { backend }
+    pub fn new(mode: Mode) -> Self {
+        Redirector { mode }
+    }
+
+    async fn run<R: Send + 'static>(
+        &self,
+        netns: &NetnsHandle,
+        rules: &InpodRules,
+        job: fn(Mode, &InpodRules) -> Result<R, RedirectError>,
+    ) -> Result<R, RedirectError> {
+        let (mode, rules) = (self.mode, rules.clone());
+        netns.run_async(move || job(mode, &rules)).await?
     }
 
     pub async fn enable(
@@ -124,9 +209,19 @@ impl Redirector {
         netns: &NetnsHandle,
         rules: &InpodRules,
     ) -> Result<bool, RedirectError> {
-        let (backend, rules) = (self.backend, rules.clone());
+        self.run(netns, rules, enable_inpod).await
+    }
+
+    /// See [`restore_inpod`].
+    pub async fn restore(
+        &self,
+        netns: &NetnsHandle,
+        rules: &InpodRules,
+        repair: bool,
+    ) -> Result<bool, RedirectError> {
+        let (mode, rules) = (self.mode, rules.clone());
         netns
-            .run_async(move || enable_inpod(backend, &rules))
+            .run_async(move || restore_inpod(mode, &rules, repair))
             .await?
     }
 
@@ -135,10 +230,7 @@ impl Redirector {
         netns: &NetnsHandle,
         rules: &InpodRules,
     ) -> Result<(), RedirectError> {
-        let (backend, rules) = (self.backend, rules.clone());
-        netns
-            .run_async(move || disable_inpod(backend, &rules))
-            .await?
+        self.run(netns, rules, disable_inpod).await
     }
 
     pub async fn check(
@@ -146,9 +238,6 @@ impl Redirector {
         netns: &NetnsHandle,
         rules: &InpodRules,
     ) -> Result<InpodStatus, RedirectError> {
-        let (backend, rules) = (self.backend, rules.clone());
-        netns
-            .run_async(move || check_inpod(backend, &rules))
-            .await?
+        self.run(netns, rules, check_inpod).await
     }
 }

@@ -9,10 +9,15 @@
 //! `-p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127`.
 //! Sets are managed with the `ipset` CLI (Debian package `ipset`); rules go through
 //! the same one-transaction path as the in-pod rules.
+//!
+//! In nftables mode the same lives in the host's `inet istio-ambient-nat` table
+//! ([`super::nft::HostProbe`]): nftables sets, and a rule matching kubelet's uid.
 
-use super::iptables::{self, Backend, IptablesError};
+use super::iptables::{self, IptablesError};
+use super::nft::{HostProbe, NftError};
 use super::plan::CheckResult;
 use super::rules::{ChainRef, ChainRules, IpFamily, RuleSet, Table, CHAIN_HOST_POSTROUTING};
+use super::Mode;
 use std::net::IpAddr;
 use std::process::Command;
 
@@ -33,6 +38,8 @@ pub enum ProbeError {
     Ipset { args: String, stderr: String },
     #[error(transparent)]
     Iptables(#[from] IptablesError),
+    #[error(transparent)]
+    Nftables(#[from] NftError),
     #[error("pod UID {0:?} is not a valid set comment")]
     InvalidUid(String),
 }
@@ -44,16 +51,39 @@ pub struct ProbeEntry {
     pub uid: Option<String>,
 }
 
-/// The node's probe SNAT: the sets and the `ISTIO_POSTRT` rules of each family.
+/// Where the host's probe SNAT lives in the node's mode.
+enum HostRules {
+    Iptables(super::Backend),
+    Nftables(HostProbe),
+}
+
+/// The node's probe SNAT: the sets and the SNAT rules of each family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeSnat {
-    pub backend: Backend,
+    pub mode: Mode,
     pub ipv6: bool,
+    /// Kubelet's uid, which the nftables rule matches (iptables matches any local socket).
+    pub kubelet_uid: u32,
 }
 
 impl ProbeSnat {
-    pub fn new(backend: Backend, ipv6: bool) -> Self {
-        ProbeSnat { backend, ipv6 }
+    /// Kubelet's uid defaults to root's, as kubelet runs nearly everywhere.
+    pub fn new(mode: Mode, ipv6: bool) -> Self {
+        ProbeSnat {
+            mode,
+            ipv6,
+            kubelet_uid: 0,
+        }
+    }
+
+    fn host_rules(&self) -> HostRules {
+        match self.mode {
+            Mode::Iptables(backend) => HostRules::Iptables(backend),
+            Mode::Nftables { .. } => HostRules::Nftables(HostProbe {
+                ipv6: self.ipv6,
+                kubelet_uid: self.kubelet_uid,
+            }),
+        }
     }
 
     pub fn set_name(family: IpFamily) -> &'static str {
@@ -94,8 +124,17 @@ impl ProbeSnat {
     }
 
     /// Creates the sets (kept with their members if present), then converges the
-    /// rules in one restore per family. Idempotent.
+    /// rules in one restore per family (one batch in nftables mode). Idempotent.
     pub fn install(&self) -> Result<(), ProbeError> {
+        let backend = match self.host_rules() {
+            HostRules::Iptables(backend) => backend,
+            HostRules::Nftables(nft) => return Ok(nft.install()?),
+        };
+        // A node moved back from nftables mode: its host table goes once ours is in.
+        let leftover = HostProbe {
+            ipv6: true,
+            kubelet_uid: self.kubelet_uid,
+        };
         for family in self.families() {
             let inet = match family {
                 IpFamily::V4 => "inet",
@@ -110,16 +149,21 @@ impl ProbeSnat {
                 "comment",
                 "-exist",
             ])?;
-            iptables::apply(self.backend, &Self::rule_set(family))?;
+            iptables::apply(backend, &Self::rule_set(family))?;
         }
+        leftover.uninstall()?;
         Ok(())
     }
 
     /// Compares the host rules with the wanted ones (sets are not inspected).
     pub fn check(&self) -> Result<CheckResult, ProbeError> {
+        let backend = match self.host_rules() {
+            HostRules::Iptables(backend) => backend,
+            HostRules::Nftables(nft) => return Ok(nft.check()?),
+        };
         let mut results = Vec::new();
         for family in self.families() {
-            results.push(iptables::check(self.backend, &Self::rule_set(family))?);
+            results.push(iptables::check(backend, &Self::rule_set(family))?);
         }
         Ok(CheckResult::combine(results))
     }
@@ -139,6 +183,10 @@ impl ProbeSnat {
         {
             return Err(ProbeError::InvalidUid(uid.to_owned()));
         }
+        if let HostRules::Nftables(nft) = self.host_rules() {
+            nft.add(ip, uid)?;
+            return Ok(true);
+        }
         let ip = ip.to_string();
         ipset(&["add", Self::set_name(family), &ip, "comment", uid, "-exist"])?;
         Ok(true)
@@ -146,6 +194,9 @@ impl ProbeSnat {
 
     /// Removes a pod IP; an absent IP (or set) is fine.
     pub fn remove_pod(&self, ip: IpAddr) -> Result<(), ProbeError> {
+        if let HostRules::Nftables(nft) = self.host_rules() {
+            return Ok(nft.remove(ip)?);
+        }
         let family = IpFamily::of(&ip);
         if !self.set_exists(family)? {
             return Ok(());
@@ -170,6 +221,9 @@ impl ProbeSnat {
 
     /// The members of one family's set (empty if the set does not exist).
     pub fn members(&self, family: IpFamily) -> Result<Vec<ProbeEntry>, ProbeError> {
+        if let HostRules::Nftables(nft) = self.host_rules() {
+            return Ok(nft.members(family)?);
+        }
         if !self.set_exists(family)? {
             return Ok(Vec::new());
         }
@@ -180,8 +234,12 @@ impl ProbeSnat {
     /// Removes the rules and chain of every family (v4 and v6, whatever `ipv6` says),
     /// then destroys the sets.
     pub fn uninstall(&self) -> Result<(), ProbeError> {
+        let backend = match self.host_rules() {
+            HostRules::Iptables(backend) => backend,
+            HostRules::Nftables(nft) => return Ok(nft.uninstall()?),
+        };
         for family in [IpFamily::V4, IpFamily::V6] {
-            iptables::remove(self.backend, &Self::rule_set(family))?;
+            iptables::remove(backend, &Self::rule_set(family))?;
         }
         for family in [IpFamily::V4, IpFamily::V6] {
             if self.set_exists(family)? {
@@ -189,6 +247,14 @@ impl ProbeSnat {
             }
         }
         Ok(())
+    }
+
+    /// Whether the host has either iptables-mode probe ipset.
+    pub fn ipsets_exist() -> Result<bool, ProbeError> {
+        let names = ipset(&["list", "-name"])?;
+        Ok(names
+            .lines()
+            .any(|n| [PROBE_IPSET_V4, PROBE_IPSET_V6].contains(&n.trim())))
     }
 
     fn set_exists(&self, family: IpFamily) -> Result<bool, ProbeError> {
@@ -277,7 +343,7 @@ mod tests {
 
     #[test]
     fn rejects_uids_that_are_not_plain_names() {
-        let probe = ProbeSnat::new(Backend::Nft, false);
+        let probe = ProbeSnat::new(Mode::Iptables(super::super::Backend::Nft), false);
         let err = probe
             .add_pod("10.0.0.1".parse().unwrap(), "a\" b")
             .unwrap_err();

@@ -39,6 +39,21 @@ use crate::process::{wait_for, ChildGuard};
 /// Istio's system namespace, where the DaemonSet objects live.
 pub const SYSTEM_NAMESPACE: &str = "istio-system";
 
+/// Whether the nodes' agents run in native nftables mode: `NATIVE_NFTABLES=true` in the
+/// test's environment (CI runs the cluster suite once per mode).
+pub fn native_nftables() -> bool {
+    std::env::var("NATIVE_NFTABLES").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The redirection every enrolled pod should show ([`LocalCluster::redirection_of`]).
+pub fn expected_redirection() -> &'static str {
+    if native_nftables() {
+        "nftables"
+    } else {
+        "iptables"
+    }
+}
+
 /// The running cluster. Fields drop in order: kubelets (pods), nodes, control plane.
 pub struct LocalCluster {
     kubelets: Vec<Kubelet>,
@@ -403,6 +418,23 @@ impl LocalCluster {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// How the pod's traffic is redirected, read from its netns: `"nftables"` (our
+    /// `inet istio-ambient-nat` table), `"iptables"` (our `ISTIO_OUTPUT` chain) or `"none"`.
+    pub fn redirection_of(&self, ns: &str, name: &str) -> Result<&'static str> {
+        if self
+            .exec_in_pod(ns, name, &["nft", "list", "tables"])?
+            .contains("istio-ambient-nat")
+        {
+            return Ok("nftables");
+        }
+        let save = self.exec_in_pod(ns, name, &["iptables-save", "-t", "nat"])?;
+        Ok(if save.contains(":ISTIO_OUTPUT") {
+            "iptables"
+        } else {
+            "none"
+        })
     }
 
     /// Starts `argv` as a background process inside the pod's namespace.

@@ -199,6 +199,7 @@ impl Node {
             .env("NODE_NAME", &self.name)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("ZTUNNEL_UDS_ADDRESS", self.zds_socket())
+            .env("NATIVE_NFTABLES", super::native_nftables().to_string())
             .env(OWNER_ENV, &self.owner)
             .env(
                 "RUST_LOG",
