@@ -12,7 +12,7 @@ use crate::kube::{pod_key, KubeCache};
 use crate::metrics::Metrics;
 use crate::podlock::{PodLockGuard, PodLocks};
 use crate::queue::WorkQueue;
-use crate::redirect::{InpodRules, NetnsHandle, ProbeSnat, ProcScan, Redirector};
+use crate::redirect::{InpodRules, NetnsHandle, ProbeSnat, ProcIndex, Redirector};
 use crate::zds::{EnrolledPod, ZdsError, ZdsServer};
 use ::kube::api::{Api, Patch, PatchParams, PostParams};
 use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
@@ -31,6 +31,8 @@ use std::time::{Duration, Instant};
 
 /// Reason of the Kubernetes Event emitted when enrollment fails.
 pub const FAILURE_EVENT_REASON: &str = "AmbientEnrollmentFailed";
+/// How long one `/proc` scan serves further lookups (see [`ProcIndex`]).
+const PROC_SCAN_REUSE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnrollError {
@@ -102,6 +104,8 @@ pub struct Enroller {
     pub queue: WorkQueue,
     enrolled: Arc<Mutex<HashMap<String, Enrolled>>>,
     locks: PodLocks,
+    /// One `/proc` scan per burst of enrollments of running pods.
+    proc_index: Arc<ProcIndex>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -145,6 +149,7 @@ impl Enroller {
         metrics: Metrics,
         queue: WorkQueue,
     ) -> Self {
+        let proc_index = Arc::new(ProcIndex::new(&config.host_proc, PROC_SCAN_REUSE));
         Enroller {
             config: Arc::new(config),
             kube,
@@ -155,6 +160,7 @@ impl Enroller {
             queue,
             enrolled: Arc::default(),
             locks: PodLocks::new(),
+            proc_index,
         }
     }
 
@@ -213,13 +219,11 @@ impl Enroller {
 
     /// Finds a running pod's netns through a `/proc` scan (no CNI event).
     pub async fn find_netns(&self, uid: &str, ips: &[IpAddr]) -> Result<NetnsHandle, EnrollError> {
-        let (proc_root, uid, ips) = (self.config.host_proc.clone(), uid.to_string(), ips.to_vec());
-        let found = tokio::task::spawn_blocking(move || {
-            ProcScan::new(&proc_root).and_then(|scan| scan.find(&uid, &ips))
-        })
-        .await
-        .map_err(|e| EnrollError::Netns(e.to_string()))?
-        .map_err(|e| EnrollError::Netns(e.to_string()))?;
+        let (index, uid, ips) = (self.proc_index.clone(), uid.to_string(), ips.to_vec());
+        let found = tokio::task::spawn_blocking(move || index.find(&uid, &ips))
+            .await
+            .map_err(|e| EnrollError::Netns(e.to_string()))?
+            .map_err(|e| EnrollError::Netns(e.to_string()))?;
         found
             .map(|f| f.netns)
             .ok_or_else(|| EnrollError::Netns("no process of the pod is running".into()))
@@ -239,9 +243,18 @@ impl Enroller {
         let started = Instant::now();
         let result = self.enroll_steps(pod, &key, netns, ips).await;
         match &result {
-            Ok(()) => {
+            Ok(took) => {
                 self.metrics.record(Ok(started.elapsed()));
-                tracing::info!(pod = %key, "pod enrolled in ambient");
+                tracing::info!(
+                    pod = %key,
+                    total_us = started.elapsed().as_micros() as u64,
+                    netns_us = took.netns.as_micros() as u64,
+                    rules_us = took.rules.as_micros() as u64,
+                    probe_us = took.probe.as_micros() as u64,
+                    zds_us = took.zds.as_micros() as u64,
+                    annotate_us = took.annotate.as_micros() as u64,
+                    "pod enrolled in ambient"
+                );
             }
             Err(e) => {
                 self.metrics.record(Err(e.reason()));
@@ -251,7 +264,7 @@ impl Enroller {
                 }
             }
         }
-        result
+        result.map(drop)
     }
 
     async fn enroll_steps(
@@ -260,22 +273,30 @@ impl Enroller {
         key: &str,
         netns: Option<&Arc<NetnsHandle>>,
         ips: &[IpAddr],
-    ) -> Result<(), EnrollError> {
+    ) -> Result<StepTimes, EnrollError> {
+        let mut took = StepTimes::default();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let netns = match netns {
-            Some(netns) => netns.clone(),
-            None => Arc::new(self.find_netns(&uid, ips).await?),
+        let step = Instant::now();
+        // A netns a CNI ADD names was just created: no need to read it before writing.
+        let (netns, fresh) = match netns {
+            Some(netns) => (netns.clone(), true),
+            None => (Arc::new(self.find_netns(&uid, ips).await?), false),
         };
+        took.netns = step.elapsed();
         let rules = self.rules_for(pod, ips);
-        self.redirector
-            .enable(&netns, &rules)
-            .await
-            .map_err(|e| EnrollError::Redirect(e.to_string()))?;
+        let step = Instant::now();
+        let enabled = if fresh {
+            self.redirector.enable_fresh(&netns, &rules).await
+        } else {
+            self.redirector.enable(&netns, &rules).await
+        };
+        enabled.map_err(|e| EnrollError::Redirect(e.to_string()))?;
+        took.rules = step.elapsed();
         let info = workload_info(pod);
-        // The probe ipset entry and the hand-off to ztunnel are independent (both
-        // only need the rules in place): do them at once, it is on the pod's
-        // start-up path. Both are idempotent if a retry follows a failure.
-        let probe = async {
+        // The probe set entry and the hand-off to ztunnel are independent (both only
+        // need the rules in place): do them at once, it is on the pod's start-up path.
+        // Both are idempotent if a retry follows a failure.
+        let probe = timed(async {
             let Some(probe) = self.probe else {
                 return Ok(());
             };
@@ -287,8 +308,10 @@ impl Enroller {
             .await
             .map_err(|e| EnrollError::Probe(e.to_string()))?
             .map_err(|e| EnrollError::Probe(e.to_string()))
-        };
-        let (probed, handed) = tokio::join!(probe, self.zds.add(&uid, info, &netns));
+        });
+        let handoff = timed(self.zds.add(&uid, info, &netns));
+        let ((probed, probe_took), (handed, zds_took)) = tokio::join!(probe, handoff);
+        (took.probe, took.zds) = (probe_took, zds_took);
         probed?;
         handed?;
         self.set_enrolled(
@@ -300,7 +323,10 @@ impl Enroller {
                 rules,
             }),
         );
-        self.annotate(pod, Some(REDIRECTION_ENABLED)).await
+        let step = Instant::now();
+        self.annotate(pod, Some(REDIRECTION_ENABLED)).await?;
+        took.annotate = step.elapsed();
+        Ok(took)
     }
 
     /// Reverses [`Enroller::enroll`]; each step is tried even if one before failed.
@@ -527,6 +553,24 @@ impl Enroller {
         }
         restored
     }
+}
+
+/// How long each step of one enrollment took; logged with it (`make bench` reads them).
+#[derive(Debug, Default)]
+struct StepTimes {
+    /// Opening the event's netns was done by the caller; this is the `/proc` scan.
+    netns: Duration,
+    rules: Duration,
+    probe: Duration,
+    zds: Duration,
+    annotate: Duration,
+}
+
+/// Runs `f`, returning its output and how long it took.
+async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, Duration) {
+    let started = Instant::now();
+    let out = f.await;
+    (out, started.elapsed())
 }
 
 /// Where this process opens the netns a CNI event names: a file of `netns_dir`

@@ -11,8 +11,8 @@ use cni_agent::redirect::netlink::PolicyRouting;
 use cni_agent::redirect::rules::{InpodRules, IpFamily, RuleSet};
 use cni_agent::redirect::save::SavedTables;
 use cni_agent::redirect::{
-    check_inpod, disable_inpod, enable_inpod, CheckResult, MatchedBy, Mode, NetnsHandle, ProbeSnat,
-    ProcScan, Redirector,
+    check_inpod, disable_inpod, enable_fresh_inpod, enable_inpod, CheckResult, MatchedBy, Mode,
+    NetnsHandle, ProbeSnat, ProcScan, Redirector,
 };
 use e2e::netns::Netns;
 use e2e::pods::Node;
@@ -329,6 +329,42 @@ fn remove_deletes_only_our_jumps_and_chains() {
         }
         // Removing again is a no-op, not an error.
         inside(&ns, || disable_inpod(mode, &rules));
+    }
+}
+
+#[test]
+fn fresh_enable_on_a_programmed_netns_converges_without_doubling() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    for backend in BACKENDS {
+        let ns = Netns::new(&format!("fr{}", &backend.name()[..1])).unwrap();
+        let rules = InpodRules {
+            ipv6: true,
+            dns_capture: true,
+            ..Default::default()
+        };
+        let mode = Mode::Iptables(backend);
+        // Fresh: written without a save first, verified by one.
+        assert!(inside(&ns, || enable_fresh_inpod(mode, &rules)));
+        let golden: Vec<String> = rules
+            .rule_sets()
+            .iter()
+            .map(|set| owned_view(&ns, backend, set))
+            .collect();
+        // A retried CNI ADD: the netns already holds our rules, and some drift.
+        ipt(&ns, backend, IpFamily::V4, "-t nat -D ISTIO_OUTPUT 1");
+        assert!(inside(&ns, || enable_fresh_inpod(mode, &rules)));
+        let again: Vec<String> = rules
+            .rule_sets()
+            .iter()
+            .map(|set| owned_view(&ns, backend, set))
+            .collect();
+        assert_eq!(again, golden, "{backend}");
+        assert!(
+            inside(&ns, || check_inpod(mode, &rules)).is_ok(),
+            "{backend}"
+        );
     }
 }
 

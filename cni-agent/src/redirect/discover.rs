@@ -8,9 +8,11 @@
 //! only if exactly one netns carries it; two would be ambiguous and we refuse.
 
 use super::netns::{netns_inode, NetnsError, NetnsHandle};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Default proc root; the chart mounts the host's `/proc` at `/host/proc`.
 pub const DEFAULT_PROC_ROOT: &str = "/proc";
@@ -58,12 +60,16 @@ struct Process {
     host: bool,
 }
 
-/// A snapshot of every process and its netns. Scan once at startup, then
-/// look up each pod with [`ProcScan::find`].
+/// A snapshot of every process and its netns. Scan once for a burst of work (the
+/// startup restore, a namespace label enrolling its running pods), then look up each
+/// pod with [`ProcScan::find`]. The addresses seen in each netns are remembered too, so
+/// a burst of N IP-matched pods enters each netns once, not N times.
 #[derive(Debug, Clone)]
 pub struct ProcScan {
     proc_root: PathBuf,
     processes: Vec<Process>,
+    /// Interface addresses by netns inode, filled as netns are entered.
+    addresses: Arc<Mutex<HashMap<u64, Vec<IpAddr>>>>,
 }
 
 impl ProcScan {
@@ -127,6 +133,7 @@ impl ProcScan {
         Ok(ProcScan {
             proc_root,
             processes,
+            addresses: Arc::default(),
         })
     }
 
@@ -144,7 +151,7 @@ impl ProcScan {
                     continue;
                 }
                 let Some(netns) = self.open(p) else { continue };
-                if ips.is_empty() || has_any_ip(&netns, ips)? {
+                if ips.is_empty() || self.has_any_ip(&netns, ips)? {
                     return Ok(Some(FoundNetns {
                         netns,
                         pid: p.pid,
@@ -164,7 +171,7 @@ impl ProcScan {
                 continue;
             }
             let Some(netns) = self.open(p) else { continue };
-            if has_any_ip(&netns, ips)? {
+            if self.has_any_ip(&netns, ips)? {
                 found.push(FoundNetns {
                     netns,
                     pid: p.pid,
@@ -181,11 +188,83 @@ impl ProcScan {
         }
     }
 
+    /// Whether any interface of `netns` has one of `ips`: entered once per scan.
+    fn has_any_ip(&self, netns: &NetnsHandle, ips: &[IpAddr]) -> Result<bool, DiscoverError> {
+        let known = self
+            .addresses
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&netns.inode())
+            .cloned();
+        let addrs = match known {
+            Some(addrs) => addrs,
+            None => {
+                let addrs =
+                    netns
+                        .run(interface_addresses)?
+                        .map_err(|source| DiscoverError::Read {
+                            path: netns.path().to_path_buf(),
+                            source,
+                        })?;
+                self.addresses
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(netns.inode(), addrs.clone());
+                addrs
+            }
+        };
+        Ok(addrs.iter().any(|a| ips.contains(a)))
+    }
+
     /// Opens a process's netns, or `None` if it exited or its pid was reused.
     fn open(&self, p: &Process) -> Option<NetnsHandle> {
         let netns =
             NetnsHandle::open(self.proc_root.join(p.pid.to_string()).join("ns/net")).ok()?;
         (netns.inode() == p.inode).then_some(netns)
+    }
+}
+
+/// One [`ProcScan`] shared by a burst of lookups: reused while younger than `max_age`.
+/// A pod not found in it (its process may have started after the scan) is looked up
+/// once more in a fresh scan before it counts as not running.
+#[derive(Debug)]
+pub struct ProcIndex {
+    proc_root: PathBuf,
+    max_age: Duration,
+    latest: Mutex<Option<(Instant, Arc<ProcScan>)>>,
+}
+
+impl ProcIndex {
+    pub fn new(proc_root: impl AsRef<Path>, max_age: Duration) -> Self {
+        ProcIndex {
+            proc_root: proc_root.as_ref().to_path_buf(),
+            max_age,
+            latest: Mutex::new(None),
+        }
+    }
+
+    /// The current scan (scanning if there is none young enough), and whether it was
+    /// reused. Callers wait for a scan in progress rather than start their own.
+    fn scan(&self, fresh: bool) -> Result<(Arc<ProcScan>, bool), DiscoverError> {
+        let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, scan)) = latest.as_ref() {
+            if !fresh && at.elapsed() < self.max_age {
+                return Ok((scan.clone(), true));
+            }
+        }
+        let scan = Arc::new(ProcScan::new(&self.proc_root)?);
+        *latest = Some((Instant::now(), scan.clone()));
+        Ok((scan, false))
+    }
+
+    /// [`ProcScan::find`] in the shared scan, then in a fresh one if that misses.
+    pub fn find(&self, uid: &str, ips: &[IpAddr]) -> Result<Option<FoundNetns>, DiscoverError> {
+        let (scan, reused) = self.scan(false)?;
+        match scan.find(uid, ips) {
+            Ok(Some(found)) => Ok(Some(found)),
+            _ if reused => self.scan(true)?.0.find(uid, ips),
+            other => other,
+        }
     }
 }
 
@@ -210,16 +289,6 @@ pub fn cgroup_names_pod(cgroup: &str, uid: &str) -> bool {
     cgroup
         .lines()
         .any(|line| line.contains(&systemd) || line.split('/').any(|part| part == cgroupfs))
-}
-
-/// Enters `netns` and reports whether any interface has one of `ips`.
-fn has_any_ip(netns: &NetnsHandle, ips: &[IpAddr]) -> Result<bool, DiscoverError> {
-    let addrs = netns.run(interface_addresses)?;
-    let addrs = addrs.map_err(|source| DiscoverError::Read {
-        path: netns.path().to_path_buf(),
-        source,
-    })?;
-    Ok(addrs.iter().any(|a| ips.contains(a)))
 }
 
 /// Addresses on the interfaces of the current thread's netns.

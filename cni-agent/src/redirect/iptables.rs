@@ -225,6 +225,21 @@ pub fn apply(backend: Backend, set: &RuleSet) -> Result<bool, IptablesError> {
     Ok(changed)
 }
 
+/// [`apply`] for a netns that should have none of our chains yet (one a CNI ADD just
+/// created): the fresh-netns restore without the save before it, then one save to
+/// verify. Anything else found there (a retried ADD whose first attempt left rules)
+/// falls back to [`apply`], which converges from whatever is there.
+pub fn apply_fresh(backend: Backend, set: &RuleSet) -> Result<bool, IptablesError> {
+    match restore(backend, set.family, &set.render()) {
+        Ok(()) if check(backend, set)?.is_ok() => Ok(true),
+        Ok(()) => apply(backend, set),
+        Err(e) => {
+            tracing::debug!(error = %e, "fresh-netns restore refused; converging instead");
+            apply(backend, set)
+        }
+    }
+}
+
 /// Deletes our jumps and chains in `set.scope` (flush + delete), nothing else.
 /// Returns whether anything was removed.
 pub fn remove(backend: Backend, set: &RuleSet) -> Result<bool, IptablesError> {

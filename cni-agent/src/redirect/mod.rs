@@ -24,7 +24,7 @@ pub mod probe;
 pub mod rules;
 pub mod save;
 
-pub use discover::{find_pod_netns, FoundNetns, MatchedBy, ProcScan};
+pub use discover::{find_pod_netns, FoundNetns, MatchedBy, ProcIndex, ProcScan};
 pub use iptables::{Backend, IptablesError};
 pub use netlink::{NetlinkError, PolicyRouting};
 pub use netns::{NetnsError, NetnsHandle};
@@ -83,21 +83,39 @@ impl InpodStatus {
 /// Istio does), then the rules (one restore per family, or one nftables batch).
 /// Idempotent; also repairs drift. Returns whether any rule changed.
 pub fn enable_inpod(mode: Mode, rules: &InpodRules) -> Result<bool, RedirectError> {
+    enable(mode, rules, false)
+}
+
+/// [`enable_inpod`] for a netns a CNI ADD just created: our rules are written without
+/// first reading the netns, then verified once (a netns that held rules after all is
+/// converged as usual). Fewer iptables processes on the pod's start-up path.
+pub fn enable_fresh_inpod(mode: Mode, rules: &InpodRules) -> Result<bool, RedirectError> {
+    enable(mode, rules, true)
+}
+
+fn enable(mode: Mode, rules: &InpodRules, fresh: bool) -> Result<bool, RedirectError> {
     PolicyRouting::default().add(&rules.families())?;
-    let changed = match mode {
-        Mode::Iptables(backend) => {
+    let changed = match (mode, fresh) {
+        (Mode::Iptables(backend), _) => {
+            let apply = if fresh {
+                iptables::apply_fresh
+            } else {
+                iptables::apply
+            };
             let mut changed = false;
             for set in rules.rule_sets() {
-                changed |= iptables::apply(backend, &set)?;
+                changed |= apply(backend, &set)?;
             }
             changed
         }
-        Mode::Nftables { .. } => nft::apply_inpod(rules)?,
+        (Mode::Nftables { .. }, false) => nft::apply_inpod(rules)?,
+        (Mode::Nftables { .. }, true) => nft::apply_inpod_fresh(rules)?,
     };
-    if changed && rules.dns_capture {
+    if changed && rules.dns_capture && !fresh {
         // DNS capture may have just been turned on for a pod whose apps' DNS flows are
         // tracked already: without this they would go on around the redirect. Not
-        // fatal: capture still holds for every new flow.
+        // fatal: capture still holds for every new flow. (A fresh netns has no flows:
+        // its pod's containers start only after the CNI ADD; the dump costs ~7 ms.)
         match conntrack::forget_app_dns_flows() {
             Ok(0) => {}
             Ok(n) => tracing::info!(flows = n, "forgot DNS flows that predate DNS capture"),
@@ -210,6 +228,15 @@ impl Redirector {
         rules: &InpodRules,
     ) -> Result<bool, RedirectError> {
         self.run(netns, rules, enable_inpod).await
+    }
+
+    /// See [`enable_fresh_inpod`].
+    pub async fn enable_fresh(
+        &self,
+        netns: &NetnsHandle,
+        rules: &InpodRules,
+    ) -> Result<bool, RedirectError> {
+        self.run(netns, rules, enable_fresh_inpod).await
     }
 
     /// See [`restore_inpod`].

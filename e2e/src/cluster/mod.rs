@@ -39,8 +39,8 @@ use crate::process::{wait_for, ChildGuard};
 /// Istio's system namespace, where the DaemonSet objects live.
 pub const SYSTEM_NAMESPACE: &str = "istio-system";
 
-/// Whether the nodes' agents run in native nftables mode: `NATIVE_NFTABLES=true` in the
-/// test's environment (CI runs the cluster suite once per mode).
+/// Whether the nodes' agents run in native nftables mode by default: `NATIVE_NFTABLES=true`
+/// in the test's environment (CI runs the cluster suite once per mode).
 pub fn native_nftables() -> bool {
     std::env::var("NATIVE_NFTABLES").is_ok_and(|v| v == "true" || v == "1")
 }
@@ -72,22 +72,34 @@ impl LocalCluster {
     }
 
     pub fn with_nodes(tag: &str, count: u8) -> Result<Self> {
-        Self::with_topology(tag, count, 1, false)
+        Self::with_topology(tag, count, 1, false, native_nftables())
     }
 
     /// Two nodes, and `replicas` istiod-lite replicas behind istiod's Service.
     pub fn with_istiod_replicas(tag: &str, replicas: u8) -> Result<Self> {
-        Self::with_topology(tag, 2, replicas, false)
+        Self::with_topology(tag, 2, replicas, false, native_nftables())
+    }
+
+    /// Two nodes whose agents run in native nftables mode or not, whatever the
+    /// environment says (the bench compares both).
+    pub fn with_native_nftables(tag: &str, native_nftables: bool) -> Result<Self> {
+        Self::with_topology(tag, 2, 1, false, native_nftables)
     }
 
     /// Two dual-stack nodes: pods get an IPv4 and an IPv6 address (`status.podIPs`),
     /// nodes route both families, and Services may have ClusterIPs of both
     /// (`ipFamilyPolicy`). The control plane itself serves over IPv4.
     pub fn dual_stack(tag: &str) -> Result<Self> {
-        Self::with_topology(tag, 2, 1, true)
+        Self::with_topology(tag, 2, 1, true, native_nftables())
     }
 
-    fn with_topology(tag: &str, count: u8, istiod_replicas: u8, dual_stack: bool) -> Result<Self> {
+    fn with_topology(
+        tag: &str,
+        count: u8,
+        istiod_replicas: u8,
+        dual_stack: bool,
+        native_nftables: bool,
+    ) -> Result<Self> {
         sweep::sweep_stale_processes();
         sweep::sweep_stale_dirs();
         let dir = tempfile::Builder::new()
@@ -127,6 +139,8 @@ impl LocalCluster {
         for node in &mut cluster.nodes {
             let pod = ztunnel_pod(&api, &node.name)?;
             node.project_ztunnel_volumes(api.clone(), pod)?;
+            node.agent_env
+                .push(("NATIVE_NFTABLES".into(), native_nftables.to_string()));
             node.start_agent()?;
             node.start_ztunnel()?;
         }

@@ -28,6 +28,8 @@ pub struct Node {
     pub projector: Option<Projector>,
     /// Extra environment for ztunnel (tests: e.g. a short SECRET_TTL).
     pub ztunnel_env: Vec<(String, String)>,
+    /// Extra environment for the agent, over the harness's (its mode: NATIVE_NFTABLES).
+    pub agent_env: Vec<(String, String)>,
     pub index: u8,
     pub name: String,
     /// Pods get an IPv6 address too, and the node routes IPv6.
@@ -72,6 +74,7 @@ impl Node {
             agent: None,
             projector: None,
             ztunnel_env: Vec::new(),
+            agent_env: Vec::new(),
             index,
             name: format!("node-{index}"),
             dual_stack,
@@ -199,12 +202,12 @@ impl Node {
             .env("NODE_NAME", &self.name)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("ZTUNNEL_UDS_ADDRESS", self.zds_socket())
-            .env("NATIVE_NFTABLES", super::native_nftables().to_string())
             .env(OWNER_ENV, &self.owner)
             .env(
                 "RUST_LOG",
                 std::env::var("CNI_AGENT_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            );
+            )
+            .envs(self.agent_env.iter().map(|(k, v)| (k, v)));
         let guard = ChildGuard::spawn(&format!("cni-agent-{}", self.ns.name()), cmd)?;
         wait_for(
             "the agent to install istio-cni",

@@ -45,9 +45,37 @@ pub fn probe_set_name(family: IpFamily) -> &'static str {
 /// tables in one batch (removing the raw table when DNS capture is off) and reads it
 /// back. Returns whether anything changed.
 pub fn apply_inpod(rules: &InpodRules) -> Result<bool, NftError> {
+    apply_inpod_to(rules, false)
+}
+
+/// [`apply_inpod`] without the read before the write, for a netns that should have
+/// none of our tables yet (one a CNI ADD just created). The batch replaces whatever is
+/// there anyway, so this is safe on any netns; it only never answers "unchanged".
+pub fn apply_inpod_fresh(rules: &InpodRules) -> Result<bool, NftError> {
+    apply_inpod_to(rules, true)
+}
+
+fn apply_inpod_to(rules: &InpodRules, fresh: bool) -> Result<bool, NftError> {
     let wanted = ruleset::inpod_tables(rules);
     let mut session = Session::open()?;
-    if check_tables(&mut session, &wanted, &INPOD_TABLES)?.is_ok() {
+    if fresh {
+        // Only what is wanted, added: deleting tables (even in the same batch) costs the
+        // kernel a hook unregistration and an RCU grace period, tens of milliseconds.
+        let batch: Vec<Msg> = wanted
+            .iter()
+            .flat_map(|t| std::iter::once(t.new_msg()).chain(t.content_msgs()))
+            .collect();
+        let added = session.transact(&batch);
+        match added {
+            Ok(()) if check_tables(&mut session, &wanted, &INPOD_TABLES)?.is_ok() => {
+                return Ok(true)
+            }
+            Ok(()) => tracing::debug!("netns was not fresh after all; replacing our tables"),
+            Err(e) => {
+                tracing::debug!(error = %e, "fresh-netns batch refused; replacing our tables")
+            }
+        }
+    } else if check_tables(&mut session, &wanted, &INPOD_TABLES)?.is_ok() {
         return Ok(false);
     }
     let mut batch = Vec::new();
@@ -256,25 +284,45 @@ impl HostProbe {
         check_tables(&mut Session::open()?, &[self.table()], &[TABLE_NAT])
     }
 
-    /// Adds `ip` commented with the pod UID (re-labelled if it was there).
+    /// Adds `ip` commented with the pod UID (re-labelled if it was there with another).
     pub fn add(&self, ip: IpAddr, uid: &str) -> Result<(), NftError> {
         let mut comment = uid.as_bytes().to_vec();
         comment.push(0);
         let mut udata = vec![UDATA_COMMENT, comment.len() as u8];
         udata.extend(comment);
-        let element = |with_comment: bool| {
-            let mut attrs = vec![key(ip)];
-            if with_comment {
-                attrs.push(Attr::bytes(6, udata.clone())); // NFTA_SET_ELEM_USERDATA
-            }
-            attrs
+        let labelled = elements_msg(
+            MsgType::NewSetElem,
+            ip,
+            vec![key(ip), Attr::bytes(6, udata)], // NFTA_SET_ELEM_USERDATA
+        );
+        let mut session = Session::open()?;
+        // An add leaves an existing element's comment alone; replacing it means a
+        // delete, which costs the kernel an RCU grace period: only when it differs.
+        let batch = match self.member(&mut session, ip)? {
+            Some(member) if member.uid.as_deref() == Some(uid) => return Ok(()),
+            Some(_) => vec![
+                elements_msg(MsgType::DelSetElem, ip, vec![key(ip)]),
+                labelled,
+            ],
+            None => vec![labelled],
         };
-        // Add (so the delete is valid), delete, add with this UID's comment.
-        Session::open()?.transact(&[
-            elements_msg(MsgType::NewSetElem, ip, element(false)),
-            elements_msg(MsgType::DelSetElem, ip, element(false)),
-            elements_msg(MsgType::NewSetElem, ip, element(true)),
-        ])
+        session.transact(&batch)
+    }
+
+    /// `ip`'s element in its set, if any (a get, not a dump).
+    fn member(&self, session: &mut Session, ip: IpAddr) -> Result<Option<ProbeEntry>, NftError> {
+        let get = elements_msg(MsgType::GetSetElem, ip, vec![key(ip)]);
+        match session.get(get) {
+            Ok(dumped) => Ok(dumped
+                .iter()
+                .find_map(|d| elements_of(d).into_iter().next())),
+            Err(NftError::Rejected { source, .. })
+                if source.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Removes `ip`; an absent IP or set is fine.
@@ -303,20 +351,7 @@ impl HostProbe {
             }
             other => other?,
         };
-        let mut members = Vec::new();
-        for d in &dumped {
-            for (ty, list) in d.attrs() {
-                if ty != 3 {
-                    continue; // NFTA_SET_ELEM_LIST_ELEMENTS
-                }
-                for (_, elem) in wire::parse_attrs(list).unwrap_or_default() {
-                    if let Some(member) = parse_member(elem) {
-                        members.push(member);
-                    }
-                }
-            }
-        }
-        Ok(members)
+        Ok(dumped.iter().flat_map(elements_of).collect())
     }
 
     /// Deletes the host table with its sets and rules.
@@ -348,6 +383,16 @@ fn elements_msg(ty: MsgType, ip: IpAddr, element: Vec<Attr>) -> Msg {
             Attr::nested(3, vec![Attr::nested(1, element)]),
         ],
     )
+}
+
+/// The elements of one dumped `NFT_MSG_NEWSETELEM` message.
+fn elements_of(d: &Dumped) -> Vec<ProbeEntry> {
+    d.attrs()
+        .into_iter()
+        .filter(|(ty, _)| *ty == 3) // NFTA_SET_ELEM_LIST_ELEMENTS
+        .flat_map(|(_, list)| wire::parse_attrs(list).unwrap_or_default())
+        .filter_map(|(_, elem)| parse_member(elem))
+        .collect()
 }
 
 /// One dumped set element: its key and the comment in its user data.

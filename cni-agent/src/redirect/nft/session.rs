@@ -113,6 +113,14 @@ impl Session {
         Ok(())
     }
 
+    /// One `NFT_MSG_GET*` request that is not a dump: its answer(s).
+    pub fn get(&mut self, msg: Msg) -> Result<Vec<Dumped>, NftError> {
+        let seq = self.seq;
+        self.seq += 1;
+        self.socket.send(&wire::encode_request(&msg, seq), 0)?;
+        self.replies(seq, msg.ty, false)
+    }
+
     /// Dumps every object of a kind (tables, chains, rules) of the `inet` family.
     pub fn dump(&mut self, ty: MsgType) -> Result<Vec<Dumped>, NftError> {
         self.dump_with(ty, Vec::new())
@@ -124,6 +132,12 @@ impl Session {
         self.seq += 1;
         let request = wire::encode_request(&Msg::new(ty, NLM_F_REQUEST | NLM_F_DUMP, attrs), seq);
         self.socket.send(&request, 0)?;
+        self.replies(seq, ty, true)
+    }
+
+    /// Collects the objects answering request `seq`: a dump ends with `NLMSG_DONE`, a
+    /// get with its one answer (then an ack, if asked for).
+    fn replies(&mut self, seq: u32, ty: MsgType, dump: bool) -> Result<Vec<Dumped>, NftError> {
         let mut objects = Vec::new();
         let mut buf = Vec::with_capacity(RECV_BUFFER);
         loop {
@@ -137,14 +151,20 @@ impl Session {
                     NLMSG_DONE => return Ok(objects),
                     NLMSG_ERROR => {
                         let errno = reply.errno().ok_or(NftError::Malformed)?;
+                        if errno == 0 {
+                            return Ok(objects);
+                        }
                         return Err(NftError::Rejected {
-                            op: format!("dump {ty:?}"),
+                            op: format!("{ty:?}"),
                             source: io::Error::from_raw_os_error(-errno),
                         });
                     }
                     t if t >> 8 == NFNL_SUBSYS_NFTABLES => {
                         let attrs = reply.payload.get(4..).ok_or(NftError::Malformed)?;
                         objects.push(Dumped(attrs.to_vec()));
+                        if !dump {
+                            return Ok(objects);
+                        }
                     }
                     _ => {}
                 }
