@@ -370,4 +370,3 @@ fn host_probe_sets_keep_members_with_their_pod_uids() {
     assert_eq!(ns.stdout(&["nft", "list", "ruleset"]).unwrap().trim(), "");
     assert!(inside(&ns, || host.members(IpFamily::V4)).is_empty());
 }
-

@@ -8,13 +8,15 @@
 //! - [`netlink`]: the fwmark rule and local route (rtnetlink);
 //! - [`netns`]: running a job inside a netns on its own OS thread;
 //! - [`discover`]: finding an already-running pod's netns through `/proc`;
-//! - [`probe`]: the node's kubelet probe SNAT (ipset + `ISTIO_POSTRT`).
+//! - [`probe`]: the node's kubelet probe SNAT (ipset + `ISTIO_POSTRT`, or nftables);
+//!   [`ipset`]: its members over netlink.
 //!
 //! Everything except [`netns`] and [`discover`] acts on the CURRENT thread's netns:
 //! enter the pod netns first with [`NetnsHandle::run`], or use [`Redirector`].
 
 pub mod conntrack;
 pub mod discover;
+pub mod ipset;
 pub mod iptables;
 pub mod netlink;
 pub mod netns;

@@ -7,8 +7,9 @@
 //! entry commented with the pod UID, and in nat `POSTROUTING` a jump to our chain
 //! `ISTIO_POSTRT` holding
 //! `-p tcp -m owner --socket-exists -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127`.
-//! Sets are managed with the `ipset` CLI (Debian package `ipset`); rules go through
-//! the same one-transaction path as the in-pod rules.
+//! Sets are created, listed and destroyed with the `ipset` CLI (Debian package
+//! `ipset`), members added and deleted over netlink ([`super::ipset`]); rules go
+//! through the same one-transaction path as the in-pod rules.
 //!
 //! In nftables mode the same lives in the host's `inet istio-ambient-nat` table
 //! ([`super::nft::HostProbe`]): nftables sets, and a rule matching kubelet's uid.
@@ -187,8 +188,7 @@ impl ProbeSnat {
             nft.add(ip, uid)?;
             return Ok(true);
         }
-        let ip = ip.to_string();
-        ipset(&["add", Self::set_name(family), &ip, "comment", uid, "-exist"])?;
+        super::ipset::add(Self::set_name(family), ip, uid)?;
         Ok(true)
     }
 
@@ -197,12 +197,14 @@ impl ProbeSnat {
         if let HostRules::Nftables(nft) = self.host_rules() {
             return Ok(nft.remove(ip)?);
         }
-        let family = IpFamily::of(&ip);
-        if !self.set_exists(family)? {
-            return Ok(());
+        match super::ipset::del(Self::set_name(IpFamily::of(&ip)), ip) {
+            Err(NftError::Rejected { source, .. })
+                if source.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(()) // no such set
+            }
+            other => Ok(other?),
         }
-        ipset(&["del", Self::set_name(family), &ip.to_string(), "-exist"])?;
-        Ok(())
     }
 
     /// Removes every IP added for pod `uid` (when its IPs are no longer known).

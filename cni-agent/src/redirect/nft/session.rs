@@ -113,6 +113,38 @@ impl Session {
         Ok(())
     }
 
+    /// One request of any nfnetlink subsystem (`ty` = `subsystem << 8 | command`),
+    /// acknowledged; `what` names it in errors.
+    pub fn request(
+        &mut self,
+        ty: u16,
+        family: u8,
+        attrs: &[Attr],
+        what: &str,
+    ) -> Result<(), NftError> {
+        let seq = self.seq;
+        self.seq += 1;
+        let bytes = wire::encode_message(ty, wire::NLM_F_ACK, seq, family, attrs);
+        self.socket.send(&bytes, 0)?;
+        let mut buf = Vec::with_capacity(RECV_BUFFER);
+        loop {
+            buf.clear();
+            self.socket.recv(&mut buf, 0)?;
+            for reply in wire::parse_replies(&buf).ok_or(NftError::Malformed)? {
+                if reply.seq != seq || reply.ty != NLMSG_ERROR {
+                    continue;
+                }
+                return match reply.errno().ok_or(NftError::Malformed)? {
+                    0 => Ok(()),
+                    errno => Err(NftError::Rejected {
+                        op: what.to_owned(),
+                        source: io::Error::from_raw_os_error(-errno),
+                    }),
+                };
+            }
+        }
+    }
+
     /// One `NFT_MSG_GET*` request that is not a dump: its answer(s).
     pub fn get(&mut self, msg: Msg) -> Result<Vec<Dumped>, NftError> {
         let seq = self.seq;

@@ -1,5 +1,6 @@
 //! nf_tables over netlink, by hand: netlink attributes as trees, and the messages of
-//! one batch (`linux/netfilter/nf_tables.h`, `linux/netfilter/nfnetlink.h`).
+//! one batch (`linux/netfilter/nf_tables.h`, `linux/netfilter/nfnetlink.h`). The
+//! attributes and [`encode_message`] serve the ipset subsystem too.
 //!
 //! Messages are built as [`Attr`] trees and encoded at the end, so the same tree that
 //! was sent can be compared with what the kernel dumps back ([`Attr::is_within`]).
@@ -186,23 +187,25 @@ impl Msg {
 
     fn encode(&self, seq: u32, out: &mut Vec<u8>) {
         let ty = (NFNL_SUBSYS_NFTABLES << 8) | self.ty as u16;
-        let body: Vec<u8> = {
-            let mut b = Vec::new();
-            for a in &self.attrs {
-                a.encode(&mut b);
-            }
-            b
-        };
-        header(
-            out,
+        out.extend(encode_message(
             ty,
-            self.flags | NLM_F_REQUEST,
+            self.flags,
             seq,
             self.family,
-            0,
-            &body,
-        );
+            &self.attrs,
+        ));
     }
+}
+
+/// One nfnetlink request of any subsystem: `ty` is `subsystem << 8 | command`.
+pub fn encode_message(ty: u16, flags: u16, seq: u32, family: u8, attrs: &[Attr]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for a in attrs {
+        a.encode(&mut body);
+    }
+    let mut out = Vec::new();
+    header(&mut out, ty, flags | NLM_F_REQUEST, seq, family, 0, &body);
+    out
 }
 
 /// Appends `nlmsghdr` + `nfgenmsg` + `body`.

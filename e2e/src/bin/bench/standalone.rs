@@ -90,17 +90,21 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
     let mut direct = Vec::new();
     let mut meshed = vec![Vec::new(); setups.len()];
     let mut switches = vec![SchedCounters::default(); setups.len()];
+    let mut cpu_ticks_used = vec![0u64; setups.len()];
     let mut mib = vec![0.0; setups.len()];
+    let ticks = |setup: &Setup| setup.ztunnels().iter().map(|&p| cpu_ticks(p)).sum::<u64>();
     for _ in 0..plan.throughput_reps {
         direct.push(iperf(a, DIRECT_IPERF_PORT, plan.throughput_secs, streams)?);
         for (i, setup) in setups.iter().enumerate() {
             let before = SchedCounters::of(&setup.ztunnels());
+            let ticks_before = ticks(setup);
             let gbits = iperf(
                 &setup.topology.a,
                 MESH_IPERF_PORT,
                 plan.throughput_secs,
                 streams,
             )?;
+            cpu_ticks_used[i] += ticks(setup) - ticks_before;
             switches[i] += SchedCounters::of(&setup.ztunnels()) - before;
             mib[i] += gbits * 1e9 / 8.0 * plan.throughput_secs as f64 / (1 << 20) as f64;
             meshed[i].push(gbits);
@@ -125,6 +129,14 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
             direct.clone(),
             meshed[i].clone(),
             goal,
+        ));
+        // CPU time is steadier than Gbit/s on shared cores: what a GiB costs.
+        let gib = mib[i] / 1024.0;
+        figures.push(single(
+            &format!("ztunnel CPU per GiB transferred, both ends, {streams_label}{suffix}"),
+            "CPU s/GiB",
+            cpu_ticks_used[i] as f64 / clock_ticks() / gib.max(f64::MIN_POSITIVE),
+            "",
         ));
         if streams > 1 {
             let per_mib = |n: u64| n as f64 / mib[i].max(f64::MIN_POSITIVE);
