@@ -202,8 +202,10 @@ impl EnrollOnAdd {
     async fn run(&self, event: CniPluginAddEvent) -> Result<(), CmdAddError> {
         let e = &self.enroller;
         let key = format!("{}/{}", event.pod_namespace, event.pod_name);
-        let deadline = Instant::now() + e.config.cni_event_timeout;
+        let started = Instant::now();
+        let deadline = started + e.config.cni_event_timeout;
         let pod = self.lookup(&key, deadline).await?;
+        let looked_up = started.elapsed();
         let pod = self
             .bound_pod(&key, pod, &event)
             .await
@@ -231,6 +233,7 @@ impl EnrollOnAdd {
         self.check_netns(&pod, &netns, &ips)
             .await
             .map_err(|reason| self.refuse(&key, reason))?;
+        let verified = started.elapsed();
         let mut failures = 0;
         loop {
             let result = {
@@ -238,7 +241,17 @@ impl EnrollOnAdd {
                 e.enroll(&pod, Some(&netns), &ips).await
             };
             let err: EnrollError = match result {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // Where the ADD's time went before the enrollment's own steps.
+                    tracing::info!(
+                        pod = %key,
+                        lookup_us = looked_up.as_micros() as u64,
+                        verify_us = (verified - looked_up).as_micros() as u64,
+                        served_us = started.elapsed().as_micros() as u64,
+                        "CNI ADD served"
+                    );
+                    return Ok(());
+                }
                 Err(err) => err,
             };
             failures += 1;

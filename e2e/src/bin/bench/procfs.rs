@@ -14,6 +14,19 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     field(11) + field(12) // utime, stime
 }
 
+/// Read and write system calls a process made so far (`syscr` + `syscw` of
+/// `/proc/<pid>/io`: every read, recv, write, send and their vectored forms).
+pub fn io_syscalls(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            matches!(key, "syscr" | "syscw").then(|| value.trim().parse::<u64>().ok())?
+        })
+        .sum()
+}
+
 pub fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64

@@ -13,7 +13,7 @@ use e2e::standalone::{Standalone, DIRECT_ECHO_PORT, ECHO_PORT, SERVER_IP, SERVER
 
 use shared_types::constants::ZTUNNEL_DEFAULT_WORKER_THREADS;
 
-use crate::procfs::{clock_ticks, cpu_ticks, rss_kib, SchedCounters};
+use crate::procfs::{clock_ticks, cpu_ticks, io_syscalls, rss_kib, SchedCounters};
 use crate::report::{added, median, ratio, single, Figure};
 use crate::Plan;
 
@@ -91,13 +91,21 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
     let mut meshed = vec![Vec::new(); setups.len()];
     let mut switches = vec![SchedCounters::default(); setups.len()];
     let mut cpu_ticks_used = vec![0u64; setups.len()];
+    let mut syscalls = vec![0u64; setups.len()];
+    let io = |setup: &Setup| {
+        setup
+            .ztunnels()
+            .iter()
+            .map(|&p| io_syscalls(p))
+            .sum::<u64>()
+    };
     let mut mib = vec![0.0; setups.len()];
     let ticks = |setup: &Setup| setup.ztunnels().iter().map(|&p| cpu_ticks(p)).sum::<u64>();
     for _ in 0..plan.throughput_reps {
         direct.push(iperf(a, DIRECT_IPERF_PORT, plan.throughput_secs, streams)?);
         for (i, setup) in setups.iter().enumerate() {
             let before = SchedCounters::of(&setup.ztunnels());
-            let ticks_before = ticks(setup);
+            let (ticks_before, io_before) = (ticks(setup), io(setup));
             let gbits = iperf(
                 &setup.topology.a,
                 MESH_IPERF_PORT,
@@ -105,6 +113,7 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
                 streams,
             )?;
             cpu_ticks_used[i] += ticks(setup) - ticks_before;
+            syscalls[i] += io(setup) - io_before;
             switches[i] += SchedCounters::of(&setup.ztunnels()) - before;
             mib[i] += gbits * 1e9 / 8.0 * plan.throughput_secs as f64 / (1 << 20) as f64;
             meshed[i].push(gbits);
@@ -136,6 +145,12 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
             &format!("ztunnel CPU per GiB transferred, both ends, {streams_label}{suffix}"),
             "CPU s/GiB",
             cpu_ticks_used[i] as f64 / clock_ticks() / gib.max(f64::MIN_POSITIVE),
+            "",
+        ));
+        figures.push(single(
+            &format!("ztunnel read+write syscalls per MiB, both ends, {streams_label}{suffix}"),
+            "/MiB",
+            syscalls[i] as f64 / mib[i].max(f64::MIN_POSITIVE),
             "",
         ));
         if streams > 1 {
