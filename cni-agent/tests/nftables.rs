@@ -8,6 +8,8 @@
 //! `UPDATE_GOLDEN=1` rewrites the files (review the diff). Root-only tests build their
 //! own namespaces and skip with a message when not root.
 
+mod common;
+
 use cni_agent::redirect::iptables::Backend;
 use cni_agent::redirect::nft::{self, ruleset, HostProbe};
 use cni_agent::redirect::rules::{InpodRules, IpFamily};
@@ -16,27 +18,13 @@ use cni_agent::redirect::{
 };
 use e2e::netns::Netns;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
 
 const NFTABLES: Mode = Mode::Nftables {
     xtables: Backend::Nft,
 };
 
-fn golden_path(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata/nftables")
-        .join(name)
-}
-
 fn assert_golden(name: &str, actual: &str) {
-    let path = golden_path(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
-    assert_eq!(actual, want, "{name} differs from {}", path.display());
+    common::assert_golden("nftables", name, actual);
 }
 
 /// Every in-pod variant with its golden name.

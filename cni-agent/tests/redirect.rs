@@ -6,6 +6,8 @@
 //! the diff). Root-only tests build their own namespaces (`e2e::netns`) and skip with
 //! a message when not root; nothing is created in the root namespace.
 
+mod common;
+
 use cni_agent::redirect::iptables::{self, Backend};
 use cni_agent::redirect::netlink::PolicyRouting;
 use cni_agent::redirect::rules::{InpodRules, IpFamily, RuleSet};
@@ -17,26 +19,13 @@ use cni_agent::redirect::{
 use e2e::netns::Netns;
 use e2e::pods::Node;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 const BACKENDS: [Backend; 2] = [Backend::Nft, Backend::Legacy];
 
-fn golden_path(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata/redirect")
-        .join(name)
-}
-
 fn assert_golden(name: &str, actual: &str) {
-    let path = golden_path(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
-    assert_eq!(actual, want, "{name} differs from {}", path.display());
+    common::assert_golden("redirect", name, actual);
 }
 
 /// Every variant with its golden file.

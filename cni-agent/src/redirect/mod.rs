@@ -135,7 +135,15 @@ fn enable(mode: Mode, rules: &InpodRules, fresh: bool) -> Result<bool, RedirectE
 /// so capture never lapses. Otherwise its rules are converged when `repair`, and left
 /// as found if not. Returns whether any rule changed.
 pub fn restore_inpod(mode: Mode, rules: &InpodRules, repair: bool) -> Result<bool, RedirectError> {
-    let has_nft_tables = nft::has_inpod_tables()?;
+    let has_nft_tables = match nft::has_inpod_tables() {
+        Ok(found) => found,
+        // A kernel without nf_tables has none of our tables to convert.
+        Err(e) if matches!(mode, Mode::Iptables(_)) => {
+            tracing::debug!(error = %e, "no nf_tables here: nothing to convert");
+            false
+        }
+        Err(e) => return Err(e.into()),
+    };
     let converting = match mode {
         Mode::Iptables(_) => has_nft_tables,
         Mode::Nftables { .. } => !has_nft_tables,

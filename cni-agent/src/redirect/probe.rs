@@ -152,7 +152,10 @@ impl ProbeSnat {
             ])?;
             iptables::apply(backend, &Self::rule_set(family))?;
         }
-        leftover.uninstall()?;
+        if let Err(e) = leftover.uninstall() {
+            // A kernel without nf_tables has no nftables-mode table to take down.
+            tracing::debug!(error = %e, "no nftables host table removed");
+        }
         Ok(())
     }
 

@@ -242,3 +242,19 @@ pub fn capture_subscriber() -> (Capture, impl tracing::Subscriber + Send + Sync)
 pub fn arc<T>(t: T) -> Arc<T> {
     Arc::new(t)
 }
+
+/// Compares `actual` with `testdata/<dir>/<name>`; `UPDATE_GOLDEN=1` rewrites the file
+/// instead (review the diff).
+pub fn assert_golden(dir: &str, name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata")
+        .join(dir)
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
+    assert_eq!(actual, want, "{name} differs from {}", path.display());
+}

@@ -19,7 +19,7 @@ pub mod session;
 pub mod wire;
 
 use super::plan::CheckResult;
-use super::probe::ProbeEntry;
+use super::probe::{ProbeEntry, ProbeSnat};
 use super::rules::{InpodRules, IpFamily};
 use ruleset::{chain_attrs, rule_exprs, table_msg, Table, INPOD_TABLES, TABLE_NAT};
 pub use session::NftError;
@@ -27,19 +27,10 @@ use session::{Dumped, Session};
 use std::net::IpAddr;
 use wire::{attrs_within, Attr, Msg, MsgType, NLM_F_ACK, NLM_F_CREATE};
 
-pub const PROBE_SET_V4: &str = "istio-inpod-probes-v4";
-pub const PROBE_SET_V6: &str = "istio-inpod-probes-v6";
 /// `NFTNL_UDATA_SET_ELEM_COMMENT`: how `nft` stores an element's comment.
 const UDATA_COMMENT: u8 = 0;
 /// The host's chain holding the probe SNAT rules.
 const HOST_CHAIN: &str = "postrouting";
-
-pub fn probe_set_name(family: IpFamily) -> &'static str {
-    match family {
-        IpFamily::V4 => PROBE_SET_V4,
-        IpFamily::V6 => PROBE_SET_V6,
-    }
-}
 
 /// Converges the pod netns on `rules`: reads the state, and if it differs replaces our
 /// tables in one batch (removing the raw table when DNS capture is off) and reads it
@@ -49,8 +40,9 @@ pub fn apply_inpod(rules: &InpodRules) -> Result<bool, NftError> {
 }
 
 /// [`apply_inpod`] without the read before the write, for a netns that should have
-/// none of our tables yet (one a CNI ADD just created). The batch replaces whatever is
-/// there anyway, so this is safe on any netns; it only never answers "unchanged".
+/// none of our tables yet (one a CNI ADD just created): our tables are added, then
+/// verified; a netns that was not fresh after all is then replaced as by
+/// [`apply_inpod`]. Safe on any netns; it only never answers "unchanged".
 pub fn apply_inpod_fresh(rules: &InpodRules) -> Result<bool, NftError> {
     apply_inpod_to(rules, true)
 }
@@ -341,7 +333,7 @@ impl HostProbe {
     pub fn members(&self, family: IpFamily) -> Result<Vec<ProbeEntry>, NftError> {
         let selector = vec![
             Attr::string(1, TABLE_NAT),
-            Attr::string(2, probe_set_name(family)),
+            Attr::string(2, ProbeSnat::set_name(family)),
         ];
         let dumped = match Session::open()?.dump_with(MsgType::GetSetElem, selector) {
             Err(NftError::Rejected { source, .. })
@@ -379,7 +371,7 @@ fn elements_msg(ty: MsgType, ip: IpAddr, element: Vec<Attr>) -> Msg {
         flags,
         vec![
             Attr::string(1, TABLE_NAT),
-            Attr::string(2, probe_set_name(IpFamily::of(&ip))),
+            Attr::string(2, ProbeSnat::set_name(IpFamily::of(&ip))),
             Attr::nested(3, vec![Attr::nested(1, element)]),
         ],
     )

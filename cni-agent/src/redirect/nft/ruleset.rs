@@ -303,18 +303,7 @@ pub fn inpod_tables(rules: &InpodRules) -> Vec<Table> {
     let p = rules.ports;
     let (prert, output) = (CHAIN_PREROUTING, CHAIN_OUTPUT);
 
-    let mut nat = vec![
-        rule(
-            "output",
-            format!("jump {output}"),
-            vec![Stmt::Jump(output.into())],
-        ),
-        rule(
-            "prerouting",
-            format!("jump {prert}"),
-            vec![Stmt::Jump(prert.into())],
-        ),
-    ];
+    let mut nat = Vec::new();
     if rules.inbound_capture {
         for f in &fams {
             nat.push(rule(
@@ -444,30 +433,15 @@ pub fn inpod_tables(rules: &InpodRules) -> Vec<Table> {
         ));
     }
 
+    // Istio's nat table hooks output first; the others prerouting first.
     let mut tables = vec![
-        Table {
-            name: TABLE_NAT,
-            sets: Vec::new(),
-            chains: vec![
-                base("prerouting", "nat", Hook::Prerouting, -100),
-                base("output", "nat", Hook::Output, -100),
-                regular(prert),
-                regular(output),
-            ],
-            rules: nat,
-        },
-        Table {
-            name: TABLE_MANGLE,
-            sets: Vec::new(),
-            chains: vec![
-                base("prerouting", "filter", Hook::Prerouting, -150),
-                base("output", "route", Hook::Output, -150),
-                regular(prert),
-                regular(output),
-            ],
-            rules: vec![
-                rule("prerouting", format!("jump {prert}"), vec![Stmt::Jump(prert.into())]),
-                rule("output", format!("jump {output}"), vec![Stmt::Jump(output.into())]),
+        inpod_table(TABLE_NAT, ("nat", "nat"), -100, [Hook::Output, Hook::Prerouting], nat),
+        inpod_table(
+            TABLE_MANGLE,
+            ("filter", "route"),
+            -150,
+            [Hook::Prerouting, Hook::Output],
+            vec![
                 // ztunnel's own packets tag their connection...
                 rule(
                     prert,
@@ -498,21 +472,15 @@ pub fn inpod_tables(rules: &InpodRules) -> Vec<Table> {
                     ],
                 ),
             ],
-        },
+        ),
     ];
     if rules.dns_capture {
-        tables.push(Table {
-            name: TABLE_RAW,
-            sets: Vec::new(),
-            chains: vec![
-                base("prerouting", "filter", Hook::Prerouting, -300),
-                base("output", "filter", Hook::Output, -300),
-                regular(prert),
-                regular(output),
-            ],
-            rules: vec![
-                rule("prerouting", format!("jump {prert}"), vec![Stmt::Jump(prert.into())]),
-                rule("output", format!("jump {output}"), vec![Stmt::Jump(output.into())]),
+        tables.push(inpod_table(
+            TABLE_RAW,
+            ("filter", "filter"),
+            -300,
+            [Hook::Prerouting, Hook::Output],
+            vec![
                 rule(
                     output,
                     format!(
@@ -538,9 +506,39 @@ pub fn inpod_tables(rules: &InpodRules) -> Vec<Table> {
                     ],
                 ),
             ],
-        });
+        ));
     }
     tables
+}
+
+/// One in-pod table: base chains `prerouting` and `output` of the given types at
+/// `priority`, our two chains, each base chain's jump to ours in `jumps` order (as
+/// Istio writes them), then `rules`.
+fn inpod_table(
+    name: &'static str,
+    (prerouting_kind, output_kind): (&'static str, &'static str),
+    priority: i32,
+    jumps: [Hook; 2],
+    rules: Vec<Rule>,
+) -> Table {
+    let jump = |hook: Hook| {
+        let (from, to) = match hook {
+            Hook::Output => ("output", CHAIN_OUTPUT),
+            _ => ("prerouting", CHAIN_PREROUTING),
+        };
+        rule(from, format!("jump {to}"), vec![Stmt::Jump(to.into())])
+    };
+    Table {
+        name,
+        sets: Vec::new(),
+        chains: vec![
+            base("prerouting", prerouting_kind, Hook::Prerouting, priority),
+            base("output", output_kind, Hook::Output, priority),
+            regular(CHAIN_PREROUTING),
+            regular(CHAIN_OUTPUT),
+        ],
+        rules: jumps.into_iter().map(jump).chain(rules).collect(),
+    }
 }
 
 /// The host's probe SNAT table: the probe sets and, in `postrouting`, a rule per family
@@ -549,7 +547,7 @@ pub fn host_table(families: &[IpFamily], kubelet_uid: u32) -> Table {
     let mut sets = Vec::new();
     let mut rules = Vec::new();
     for &family in families {
-        let name = super::probe_set_name(family);
+        let name = crate::redirect::ProbeSnat::set_name(family);
         let f = Fam::of(family);
         sets.push(Set { name, family });
         rules.push(rule(
