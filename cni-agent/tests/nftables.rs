@@ -358,3 +358,36 @@ fn host_probe_sets_keep_members_with_their_pod_uids() {
     assert_eq!(ns.stdout(&["nft", "list", "ruleset"]).unwrap().trim(), "");
     assert!(inside(&ns, || host.members(IpFamily::V4)).is_empty());
 }
+
+#[test]
+fn a_refused_batch_names_the_message_and_changes_nothing() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    use cni_agent::redirect::nft::session::Session;
+    use cni_agent::redirect::nft::wire::{Attr, Msg, MsgType, NLM_F_ACK, NLM_F_CREATE};
+    let ns = Netns::new("nfe").unwrap();
+    inside(&ns, || nft::apply_inpod(&InpodRules::default()));
+    let before = state(&ns);
+    // A valid table, then a rule for a chain that does not exist: all or nothing.
+    let batch = [
+        ruleset::table_msg(MsgType::NewTable, "zz-refused"),
+        Msg::new(
+            MsgType::NewRule,
+            NLM_F_CREATE | NLM_F_ACK,
+            vec![
+                Attr::string(1, "zz-refused"),
+                Attr::string(2, "no-such-chain"),
+            ],
+        ),
+    ];
+    let err = NetnsHandle::open(ns.path())
+        .unwrap()
+        .run(|| Session::open().and_then(|mut s| s.transact(&batch)))
+        .unwrap()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("NewRule"), "{text}");
+    assert!(text.contains("No such file or directory"), "{text}");
+    assert_eq!(state(&ns), before, "the refused batch left something");
+}

@@ -85,13 +85,16 @@ impl Session {
         let first = self.seq;
         let (bytes, mut pending) = wire::encode_batch(msgs, first);
         self.seq += msgs.len() as u32 + 2;
+        let batch_seqs = first..self.seq;
         self.socket.send(&bytes, 0)?;
         let mut buf = Vec::with_capacity(RECV_BUFFER);
         while !pending.is_empty() {
             buf.clear();
             self.socket.recv(&mut buf, 0)?;
             for reply in wire::parse_replies(&buf).ok_or(NftError::Malformed)? {
-                if reply.ty != NLMSG_ERROR {
+                // Only this batch's answers, its markers included (an earlier get's
+                // ack may still be queued).
+                if reply.ty != NLMSG_ERROR || !batch_seqs.contains(&reply.seq) {
                     continue;
                 }
                 let errno = reply.errno().ok_or(NftError::Malformed)?;
