@@ -21,7 +21,14 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
-#[command(name = "cni-agent", version, about = "istio-cni node agent")]
+#[command(
+    name = "cni-agent",
+    version,
+    about = "istio-cni node agent",
+    // Read outside the flags (logging, kube client); listed so a chart's env can be
+    // checked against it.
+    after_help = "Environment also read: RUST_LOG, RUST_BACKTRACE, KUBECONFIG, KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT"
+)]
 struct Args {
     /// CNI config dir, where the primary CNI's config gets our entry.
     #[arg(long, env = "CNI_NET_DIR", default_value = DEFAULT_CNI_CONF_DIR)]

@@ -6,6 +6,7 @@
 
 pub mod apiserver;
 pub mod capture;
+pub mod charts;
 pub mod cluster;
 pub mod dns;
 pub mod mesh;

@@ -10,6 +10,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Once;
 
+/// Runs `f` on a fresh OS thread that has entered the network namespace at `path`
+/// (one this process does not own, e.g. a node's seen from its kubelet).
+pub fn run_in<R: Send>(path: &Path, f: impl FnOnce() -> R + Send) -> Result<R> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                let file = std::fs::File::open(path)
+                    .with_context(|| format!("opening {}", path.display()))?;
+                // SAFETY: setns on an fd we own; it affects only this thread.
+                let rc = unsafe {
+                    libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET)
+                };
+                if rc != 0 {
+                    bail!(
+                        "setns {}: {}",
+                        path.display(),
+                        std::io::Error::last_os_error()
+                    );
+                }
+                Ok(f())
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
 /// Prefix of every namespace and link the harness creates.
 pub const PREFIX: &str = "zte";
 
@@ -58,28 +84,7 @@ impl Netns {
     /// Runs `f` on a fresh OS thread that has entered this namespace, so sockets it
     /// creates live here. The caller's threads never change namespace.
     pub fn run_inside<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
-        let path = self.path();
-        std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
-                    let file = std::fs::File::open(&path)
-                        .with_context(|| format!("opening {}", path.display()))?;
-                    // SAFETY: setns on an fd we own; it affects only this thread.
-                    let rc = unsafe {
-                        libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET)
-                    };
-                    if rc != 0 {
-                        bail!(
-                            "setns {}: {}",
-                            path.display(),
-                            std::io::Error::last_os_error()
-                        );
-                    }
-                    Ok(f())
-                })
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })
+        run_in(&self.path(), f)
     }
 
     /// Runs `argv` inside the namespace and returns its stdout as text.

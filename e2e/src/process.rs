@@ -76,12 +76,20 @@ impl ChildGuard {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
-    /// Sends `signal` to the process (e.g. `libc::SIGTERM`).
+    /// Sends `signal` to the process (e.g. `libc::SIGTERM`), and to its whole group
+    /// for [`ChildGuard::spawn_group`].
     pub fn signal(&self, signal: i32) {
         if let Some(child) = &self.child {
-            // SAFETY: kill(2) on the pid of a child we own and have not reaped.
-            unsafe { libc::kill(child.id() as i32, signal) };
+            let pid = child.id() as i32;
+            let target = if self.group { -pid } else { pid };
+            // SAFETY: kill(2) on the pid (or group) of a child we own and have not reaped.
+            unsafe { libc::kill(target, signal) };
         }
+    }
+
+    /// The exit status, if the process has exited (reaping it).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
     }
 
     /// Waits up to `timeout` for the process to exit; returns its exit code if it did.

@@ -7,7 +7,10 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "istiod-lite",
     version,
-    about = "The mesh control plane: Istio's certificate service with Kubernetes token authentication"
+    about = "The mesh control plane: Istio's certificate service with Kubernetes token authentication",
+    // Read outside the flags (logging, kube client); listed so a chart's env can be
+    // checked against it.
+    after_help = "Environment also read: RUST_LOG, RUST_BACKTRACE, KUBECONFIG, KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT"
 )]
 struct Cli {
     #[command(flatten)]

@@ -11,7 +11,9 @@ use ztunnel::identity::CertificateAuthority;
 #[command(
     name = "ztunnel",
     version,
-    about = "Ambient mesh node proxy: HBONE over mutual TLS"
+    about = "Ambient mesh node proxy: HBONE over mutual TLS",
+    // Read outside the flags; listed so a chart's env can be checked against it.
+    after_help = "Environment also read: RUST_LOG, RUST_BACKTRACE, ISTIO_META_*, XDS_HEADER_*, CA_HEADER_*"
 )]
 struct Cli {
     #[command(subcommand)]

@@ -1,22 +1,27 @@
 //! A kubelet stand-in per node: watches (polls) the pods bound to its node, creates
 //! each pod's sandbox (a network namespace set up through the node's CNI chain),
-//! starts the containers as processes in it, reports status, and tears it all down
-//! when the pod is deleted. Sandbox failures become `FailedCreatePodSandBox` events
-//! and are retried with kubelet's backoff (1 s doubling, capped at 10 s).
+//! runs the containers from their spec (image table, env, restart policy, probes),
+//! reports status, and stops them gracefully and tears it all down when the pod is
+//! deleted. Sandbox failures become `FailedCreatePodSandBox` events and are retried
+//! with kubelet's backoff (1 s doubling, capped at 10 s).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::api::{query_escape, Api};
 use super::cni::{self, NetConfList, Runtime};
+use super::containers::{Container, RestartPolicy};
 use super::objects::{now_rfc3339, pod_event};
+use super::probes::HttpGet;
+use super::{container_env, images};
 use crate::netns::Netns;
 use crate::process::ChildGuard;
 
@@ -40,10 +45,10 @@ pub struct NodeInfo {
     pub owner: String,
 }
 
-/// A running pod: its namespace, its CNI state and its container processes.
+/// A running pod: its namespace, its CNI state and its containers.
 pub struct Sandbox {
     // Drop order: processes, then the namespace.
-    pub containers: Vec<ChildGuard>,
+    pub containers: Vec<Container>,
     pub netns: Netns,
     /// The pod's addresses, IPv4 (the primary family) first.
     pub ips: Vec<String>,
@@ -73,6 +78,8 @@ pub struct PodHandle {
 struct Entry {
     namespace: String,
     name: String,
+    /// The Pod object as first seen (its spec does not change).
+    pod: Value,
     cancel: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
     sandbox: Arc<Mutex<Option<Sandbox>>>,
@@ -115,7 +122,7 @@ impl Kubelet {
                     netns: sb.netns.name().to_owned(),
                     ip: sb.ips[0].clone(),
                     ips: sb.ips.clone(),
-                    pids: sb.containers.iter().map(ChildGuard::pid).collect(),
+                    pids: sb.containers.iter().filter_map(Container::pid).collect(),
                     plugins: sb
                         .conf
                         .plugins
@@ -129,12 +136,33 @@ impl Kubelet {
 
     /// What the pod's first container printed so far.
     pub fn log(&self, namespace: &str, name: &str) -> Option<String> {
+        self.container_log(namespace, name, None, false)
+    }
+
+    /// A container's log (the first container when `container` is None): this
+    /// instance's, or with `previous` the one before its last restart.
+    pub fn container_log(
+        &self,
+        namespace: &str,
+        name: &str,
+        container: Option<&str>,
+        previous: bool,
+    ) -> Option<String> {
         let pods = self.pods.lock().ok()?;
         let entry = pods
             .values()
             .find(|e| e.namespace == namespace && e.name == name)?;
         let sandbox = entry.sandbox.lock().ok()?;
-        sandbox.as_ref()?.containers.first().map(ChildGuard::log)
+        let containers = &sandbox.as_ref()?.containers;
+        let c = match container {
+            Some(n) => containers.iter().find(|c| c.name == n)?,
+            None => containers.first()?,
+        };
+        if previous {
+            c.previous_log().map(str::to_owned)
+        } else {
+            Some(c.log())
+        }
     }
 
     /// Every pod the kubelet currently tracks (namespace, name).
@@ -177,7 +205,8 @@ impl Drop for Kubelet {
             if let Some(w) = e.worker.take() {
                 let _ = w.join();
             }
-            // Processes and the namespace go; the node namespace takes the rest.
+            // Processes and the namespace go (at once: the harness is stopping); the
+            // node namespace takes the rest.
             drop(e.sandbox.lock().ok().and_then(|mut s| s.take()));
         }
     }
@@ -229,7 +258,8 @@ fn sync_loop(
             .collect();
         for uid in gone {
             if let Some(entry) = map.remove(&uid) {
-                let handle = std::thread::spawn(move || teardown(entry));
+                let (api, node) = (api.clone(), node.clone());
+                let handle = std::thread::spawn(move || teardown(&api, &node, entry));
                 if let Ok(mut t) = teardowns.lock() {
                     t.push(handle);
                 }
@@ -250,6 +280,7 @@ fn sync_loop(
                     .as_str()
                     .unwrap_or_default()
                     .to_owned(),
+                pod: pod.clone(),
                 cancel: cancel.clone(),
                 worker: None,
                 sandbox: sandbox.clone(),
@@ -268,7 +299,8 @@ fn sync_loop(
     }
 }
 
-/// Creates the sandbox, retrying with backoff, then reports the pod Running.
+/// Creates the sandbox, retrying with backoff, then runs its containers until the
+/// pod is deleted.
 fn run_pod(
     api: &Api,
     node: &NodeInfo,
@@ -282,11 +314,10 @@ fn run_pod(
     while !cancel.load(Ordering::SeqCst) {
         match create_sandbox(node, pod, seq.fetch_add(1, Ordering::Relaxed)) {
             Ok(sandbox) => {
-                let status = running_status(node, pod, &sandbox);
                 if let Ok(mut s) = slot.lock() {
                     *s = Some(sandbox);
                 }
-                let _ = api.merge_patch(&status_path(pod), &status);
+                supervise(api, node, pod, cancel, slot);
                 return;
             }
             Err(e) => {
@@ -313,6 +344,107 @@ fn run_pod(
             }
         }
     }
+}
+
+/// How often containers are checked (exits, due starts, due probes).
+const SUPERVISE_TICK: Duration = Duration::from_millis(100);
+
+/// Starts the containers, restarts them by the pod's policy, runs their probes and
+/// writes the pod's status whenever it changes, until the pod is deleted.
+fn supervise(
+    api: &Api,
+    node: &NodeInfo,
+    pod: &Value,
+    cancel: &AtomicBool,
+    slot: &Mutex<Option<Sandbox>>,
+) {
+    let policy = RestartPolicy::of(pod);
+    let grace = termination_grace(pod);
+    let pod_ref = format!(
+        "{}_{}({})",
+        pod["metadata"]["name"].as_str().unwrap_or_default(),
+        pod["metadata"]["namespace"].as_str().unwrap_or_default(),
+        pod["metadata"]["uid"].as_str().unwrap_or_default()
+    );
+    let node_netns = PathBuf::from("/var/run/netns").join(&node.host_netns);
+    let mut conditions = Conditions::default();
+    let mut reported = Value::Null;
+    while !cancel.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        // Exits and starts, then the probes that are due, without holding the lock
+        // while a probe waits.
+        let (due, pod_ip) = {
+            let Ok(mut guard) = slot.lock() else { return };
+            let Some(sandbox) = guard.as_mut() else {
+                return;
+            };
+            for i in 0..sandbox.containers.len() {
+                let c = &mut sandbox.containers[i];
+                c.enforce_kill(now);
+                c.reap(policy, &pod_ref);
+                if c.start_due(now) {
+                    let cmd =
+                        container_command(api, node, sandbox, pod, &sandbox.containers[i].spec);
+                    let _ = sandbox.containers[i].start(cmd);
+                }
+            }
+            let due: Vec<(usize, bool, HttpGet, Duration)> = sandbox
+                .containers
+                .iter()
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    [(false, &c.readiness), (true, &c.liveness)]
+                        .into_iter()
+                        .filter_map(move |(liveness, p)| {
+                            let p = p.as_ref().filter(|p| c.running() && p.due(now))?;
+                            Some((i, liveness, p.get.clone(), p.timeout))
+                        })
+                })
+                .collect();
+            (due, sandbox.ips[0].clone())
+        };
+        let results: Vec<_> = due
+            .into_iter()
+            .map(|(i, liveness, get, timeout)| {
+                (i, liveness, get.run(&node_netns, &pod_ip, timeout))
+            })
+            .collect();
+        let status = {
+            let Ok(mut guard) = slot.lock() else { return };
+            let Some(sandbox) = guard.as_mut() else {
+                return;
+            };
+            let now = Instant::now();
+            for (i, liveness, result) in results {
+                let c = &mut sandbox.containers[i];
+                let probe = if liveness {
+                    &mut c.liveness
+                } else {
+                    &mut c.readiness
+                };
+                let Some(probe) = probe.as_mut() else {
+                    continue;
+                };
+                if probe.record(result, now) && liveness && probe.passing == Some(false) {
+                    c.kill_for_liveness(grace);
+                }
+            }
+            pod_status(node, sandbox, policy, &mut conditions)
+        };
+        if status != reported && api.merge_patch(&status_path(pod), &status).is_ok() {
+            reported = status;
+        }
+        std::thread::sleep(SUPERVISE_TICK);
+    }
+}
+
+/// `terminationGracePeriodSeconds` (default 30 s).
+fn termination_grace(pod: &Value) -> Duration {
+    Duration::from_secs(
+        pod["spec"]["terminationGracePeriodSeconds"]
+            .as_u64()
+            .unwrap_or(30),
+    )
 }
 
 fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
@@ -352,53 +484,22 @@ fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
         let _ = cni::del(&conf, &rt, Some(&result));
         bail!("the CNI result has no address: {result}");
     }
-    let mut sandbox = Sandbox {
-        containers: Vec::new(),
+    let containers = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, spec)| Container::new(spec, format!("{}-{namespace}-{name}-{i}", node.tag)))
+        .collect();
+    Ok(Sandbox {
+        containers,
         netns,
         ips,
         result,
         add_timings,
         conf,
         rt,
-    };
-    for (i, c) in pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let words = |v: &Value| -> Vec<String> {
-            v.as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s.as_str().map(str::to_owned))
-                .collect()
-        };
-        let mut argv = words(&c["command"]);
-        argv.extend(words(&c["args"]));
-        let Some(program) = argv.first().map(|p| resolve(p)) else {
-            continue;
-        };
-        let mut cmd = sandbox.netns.command(&program);
-        cmd.args(&argv[1..])
-            .env(super::sweep::OWNER_ENV, &node.owner);
-        for env in c["env"].as_array().into_iter().flatten() {
-            if let (Some(k), Some(v)) = (env["name"].as_str(), env["value"].as_str()) {
-                cmd.env(k, v);
-            }
-        }
-        let log_name = format!("{}-{namespace}-{name}-{i}", node.tag);
-        // A container is a process tree (`sh -c` forks its commands): its own process
-        // group, killed whole, as a runtime kills the container's cgroup.
-        match ChildGuard::spawn_group(&log_name, cmd) {
-            Ok(child) => sandbox.containers.push(child),
-            Err(e) => {
-                teardown_sandbox(sandbox);
-                return Err(e);
-            }
-        }
-    }
-    Ok(sandbox)
+    })
 }
 
 /// kubelet's `clusterDNS`: the usual kube-dns ClusterIP (the local API server never
@@ -406,31 +507,126 @@ fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
 /// DNS capture sends its queries to ztunnel instead.
 pub const CLUSTER_DNS: &str = "10.96.0.10";
 
-/// `e2e-app` and the other workspace binaries resolve to the build's own files.
-fn resolve(program: &str) -> String {
-    if !program.contains('/') {
-        let local = crate::workspace_binary(program);
-        if local.exists() {
-            return local.to_string_lossy().into_owned();
-        }
-    }
-    program.to_owned()
+/// The container's process: the image's program, its args and its environment as
+/// kubelet builds them (`CreateContainerConfigError` when they cannot be resolved).
+fn container_command(
+    api: &Api,
+    node: &NodeInfo,
+    sandbox: &Sandbox,
+    pod: &Value,
+    container: &Value,
+) -> Result<Command> {
+    let words = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    let host_ips = [node.host_ip.clone()];
+    let rt = container_env::PodRuntime {
+        pod_ips: &sandbox.ips,
+        host_ips: &host_ips,
+        node_cpu_millis: node_cpu_millis(),
+        node_memory_bytes: node_memory_bytes(),
+    };
+    let env =
+        container_env::resolve(api, pod, container, &rt).context("CreateContainerConfigError")?;
+    let command = container_env::expand_args(&words(&container["command"]), &env);
+    let args = container_env::expand_args(&words(&container["args"]), &env);
+    // A container is a process tree (`sh -c` forks its commands): its own process
+    // group (ChildGuard::spawn_group), stopped whole, as a runtime stops its cgroup.
+    let image = container["image"].as_str().unwrap_or_default();
+    let program = images::program_for(image, command.first().map(String::as_str))?;
+    let mut cmd = sandbox.netns.command(&program.to_string_lossy());
+    // Without a command, the image's entrypoint gets the args.
+    cmd.args(command.iter().skip(1).chain(&args))
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env(
+            "HOSTNAME",
+            pod["metadata"]["name"].as_str().unwrap_or_default(),
+        )
+        .envs(env)
+        .env(super::sweep::OWNER_ENV, &node.owner);
+    Ok(cmd)
 }
 
-fn teardown(mut entry: Entry) {
+fn node_cpu_millis() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as u64 * 1000
+}
+
+fn node_memory_bytes() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// A deleted pod: its worker stops, its containers get their `preStop` hooks and
+/// SIGTERM, and whatever still runs after the grace period is killed.
+fn teardown(api: &Api, node: &NodeInfo, mut entry: Entry) {
+    let pod = &std::mem::take(&mut entry.pod);
     entry.cancel.store(true, Ordering::SeqCst);
     if let Some(w) = entry.worker.take() {
         let _ = w.join();
     }
-    if let Some(sandbox) = entry.sandbox.lock().ok().and_then(|mut s| s.take()) {
-        teardown_sandbox(sandbox);
+    let Some(mut sandbox) = entry.sandbox.lock().ok().and_then(|mut s| s.take()) else {
+        return;
+    };
+    let deadline = Instant::now() + termination_grace(pod);
+    std::thread::scope(|scope| {
+        for c in sandbox.containers.iter().filter(|c| c.running()) {
+            let sandbox = &sandbox;
+            scope.spawn(move || run_pre_stop(api, node, sandbox, pod, &c.spec, deadline));
+        }
+    });
+    for c in &sandbox.containers {
+        c.signal_stop();
+    }
+    for c in &mut sandbox.containers {
+        c.finish_stop(deadline);
+    }
+    teardown_sandbox(sandbox);
+}
+
+/// A container's `lifecycle.preStop` (exec, httpGet or sleep), bounded by `deadline`.
+fn run_pre_stop(
+    api: &Api,
+    node: &NodeInfo,
+    sandbox: &Sandbox,
+    pod: &Value,
+    container: &Value,
+    deadline: Instant,
+) {
+    let hook = &container["lifecycle"]["preStop"];
+    let left = deadline.saturating_duration_since(Instant::now());
+    if let Some(secs) = hook["sleep"]["seconds"].as_u64() {
+        std::thread::sleep(Duration::from_secs(secs).min(left));
+    } else if hook["exec"].is_object() {
+        let mut spec = container.clone();
+        spec["command"] = hook["exec"]["command"].clone();
+        spec["args"] = Value::Null;
+        let hook = container_command(api, node, sandbox, pod, &spec)
+            .and_then(|cmd| ChildGuard::spawn_group(&format!("{}-prestop", node.tag), cmd));
+        if let Ok(mut child) = hook {
+            let _ = child.wait_timeout(left);
+        }
+    } else if hook["httpGet"].is_object() {
+        if let Ok(get) = HttpGet::parse(&hook["httpGet"], container) {
+            let netns = PathBuf::from("/var/run/netns").join(&node.host_netns);
+            let _ = get.run(&netns, &sandbox.ips[0], left.max(Duration::from_millis(1)));
+        }
     }
 }
 
-/// Kills the containers, runs CNI DEL with the cached result, deletes the namespace.
+/// Runs CNI DEL with the cached result and deletes the namespace (any container
+/// still running is killed first).
 fn teardown_sandbox(mut sandbox: Sandbox) {
     for c in &mut sandbox.containers {
-        c.kill();
+        c.finish_stop(Instant::now());
     }
     let _ = cni::del(&sandbox.conf, &sandbox.rt, Some(&sandbox.result));
     drop(sandbox);
@@ -449,38 +645,80 @@ fn condition(kind: &str, ok: bool, now: &str) -> Value {
     json!({"type": kind, "status": if ok { "True" } else { "False" }, "lastTransitionTime": now})
 }
 
-fn running_status(node: &NodeInfo, pod: &Value, sandbox: &Sandbox) -> Value {
-    let now = now_rfc3339();
-    let containers: Vec<Value> = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .zip(&sandbox.containers)
-        .map(|(c, p)| {
-            json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": true, "started": true,
-                   "restartCount": 0, "containerID": format!("e2e://{}", p.pid()),
-                   "state": {"running": {"startedAt": now}}})
+/// The pod conditions kubelet writes, each keeping the time it last changed.
+#[derive(Default)]
+struct Conditions(Vec<(&'static str, bool, String)>);
+
+impl Conditions {
+    fn set(&mut self, kind: &'static str, ok: bool) -> Value {
+        match self.0.iter_mut().find(|(k, _, _)| *k == kind) {
+            Some(entry) if entry.1 == ok => {}
+            Some(entry) => *entry = (kind, ok, now_rfc3339()),
+            None => self.0.push((kind, ok, now_rfc3339())),
+        }
+        let (_, _, since) = self
+            .0
+            .iter()
+            .find(|(k, _, _)| *k == kind)
+            .cloned()
+            .unwrap_or_default();
+        condition(kind, ok, &since)
+    }
+}
+
+fn pod_status(
+    node: &NodeInfo,
+    sandbox: &Sandbox,
+    policy: RestartPolicy,
+    conditions: &mut Conditions,
+) -> Value {
+    let containers: Vec<Value> = sandbox.containers.iter().map(Container::status).collect();
+    let all_ready = sandbox.containers.iter().all(Container::ready);
+    let done: Vec<bool> = containers
+        .iter()
+        .filter_map(|c| {
+            c["state"]["terminated"]["exitCode"]
+                .as_i64()
+                .map(|code| code == 0)
         })
         .collect();
+    // Finished once every container terminated for good (only without restarts).
+    let phase = if done.len() == containers.len() && policy != RestartPolicy::Always {
+        if done.iter().all(|ok| *ok) {
+            "Succeeded"
+        } else {
+            "Failed"
+        }
+    } else {
+        "Running"
+    };
     let conditions: Vec<Value> = [
-        "PodScheduled",
-        "Initialized",
-        "PodReadyToStartContainers",
-        "ContainersReady",
-        "Ready",
+        ("PodScheduled", true),
+        ("Initialized", true),
+        ("PodReadyToStartContainers", true),
+        ("ContainersReady", all_ready),
+        ("Ready", all_ready),
     ]
-    .iter()
-    .map(|k| condition(k, true, &now))
+    .into_iter()
+    .map(|(kind, ok)| conditions.set(kind, ok))
     .collect();
     json!({"status": {
-        "phase": "Running",
+        "phase": phase,
         "hostIP": node.host_ip, "hostIPs": [{"ip": node.host_ip}],
         "podIP": sandbox.ips[0],
         "podIPs": sandbox.ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
-        "startTime": now,
+        "startTime": conditions_start(&conditions),
         "conditions": conditions,
         "containerStatuses": containers,
     }})
+}
+
+/// `startTime`: when the sandbox came up (the first condition's time).
+fn conditions_start(conditions: &[Value]) -> Value {
+    conditions
+        .first()
+        .map(|c| c["lastTransitionTime"].clone())
+        .unwrap_or(Value::Null)
 }
 
 fn waiting_status(pod: &Value, node: &NodeInfo) -> Value {

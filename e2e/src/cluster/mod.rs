@@ -15,9 +15,13 @@
 pub mod api;
 pub mod apiserver_proc;
 pub mod cni;
+pub mod container_env;
+pub mod containers;
+pub mod images;
 pub mod kubelet;
 pub mod node;
 pub mod objects;
+pub mod probes;
 pub mod projected;
 mod service_proxy;
 pub mod sweep;
