@@ -17,6 +17,7 @@ pub mod apiserver_proc;
 pub mod cni;
 pub mod container_env;
 pub mod containers;
+pub mod controllers;
 pub mod images;
 pub mod kubelet;
 pub mod node;
@@ -35,6 +36,7 @@ use serde_json::{json, Value};
 pub use api::Api;
 use apiserver_proc::ControlPlane;
 pub use apiserver_proc::{API_ADDR, ISTIOD_ADDR};
+use controllers::Controllers;
 use kubelet::{Kubelet, NodeInfo, PodHandle};
 pub use node::Node;
 
@@ -58,8 +60,10 @@ pub fn expected_redirection() -> &'static str {
     }
 }
 
-/// The running cluster. Fields drop in order: kubelets (pods), nodes, control plane.
+/// The running cluster. Fields drop in order: controllers, kubelets (pods), nodes,
+/// control plane.
 pub struct LocalCluster {
+    controllers: Option<Controllers>,
     kubelets: Vec<Kubelet>,
     pub nodes: Vec<Node>,
     pub control_plane: ControlPlane,
@@ -111,6 +115,7 @@ impl LocalCluster {
             .tempdir()?;
         let control_plane = ControlPlane::start(tag, dir.path(), istiod_replicas, dual_stack)?;
         let mut cluster = LocalCluster {
+            controllers: None,
             kubelets: Vec::new(),
             nodes: Vec::new(),
             control_plane,
@@ -161,6 +166,7 @@ impl LocalCluster {
             };
             cluster.kubelets.push(Kubelet::start(cluster.api(), info));
         }
+        cluster.controllers = Some(Controllers::start(cluster.api()));
         Ok(cluster)
     }
 
@@ -518,6 +524,7 @@ impl LocalCluster {
     }
 
     fn stop_processes(&mut self) -> Result<()> {
+        drop(self.controllers.take());
         self.kubelets.clear();
         for node in &mut self.nodes {
             drop(node.ztunnel.take());

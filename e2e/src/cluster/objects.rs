@@ -108,12 +108,14 @@ pub fn node(name: &str, ips: &[String], pod_cidrs: &[String]) -> Value {
     })
 }
 
-/// A DaemonSet object standing for one of the mesh's node components.
+/// A DaemonSet object standing for one of the mesh's node components that the
+/// harness runs itself (so the controllers leave it alone).
 pub fn daemonset(namespace: &str, name: &str, app: &str, nodes: usize) -> Value {
     json!({
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": app},
+                     "annotations": {super::controllers::HARNESS_RUN_ANNOTATION: "true"}},
         "spec": {
             "selector": {"matchLabels": {"app": app}},
             "template": {
