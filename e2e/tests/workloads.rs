@@ -11,7 +11,7 @@ use e2e::cluster::LocalCluster;
 use e2e::process::wait_for;
 use serde_json::Value;
 
-const T: Duration = Duration::from_secs(60);
+const T: Duration = Duration::from_secs(20);
 const NS: &str = "wl";
 
 fn cluster(tag: &str) -> Option<LocalCluster> {
@@ -531,6 +531,139 @@ spec:
             .unwrap_or_default()
             .trim(),
         "term"
+    );
+    c.shutdown().unwrap();
+}
+
+#[test]
+fn a_container_runs_in_its_own_root_with_its_volumes_user_and_capabilities() {
+    let Some(c) = cluster("wvol") else { return };
+    let script = "cat /config/LEVEL; echo; stat -c mode=%a /secrets/TOKEN; cat /secrets/TOKEN; echo; \
+        wc -c < /var/run/secrets/tokens/istio-token; echo hi > /scratch/x && echo scratch-ok; \
+        touch /rootfile 2>/dev/null || echo root-ro; touch /config/x 2>/dev/null || echo config-ro; \
+        echo from-pod > /var/run/demo/file; id -u; grep CapEff /proc/self/status; \
+        ip addr add 192.0.2.1/32 dev lo 2>/dev/null && echo netadmin-ok || echo netadmin-denied; \
+        ls /usr/local/bin; echo end; sleep 3600";
+    let pod = |name: &str, node: &str, security: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {NS}}}
+spec:
+  nodeName: {node}
+  containers:
+    - name: main
+      image: e2e-app:local
+      command: [sh, -c, "{script}"]
+      securityContext: {security}
+      volumeMounts:
+        - {{name: config, mountPath: /config, readOnly: true}}
+        - {{name: creds, mountPath: /secrets}}
+        - {{name: token, mountPath: /var/run/secrets/tokens}}
+        - {{name: scratch, mountPath: /scratch}}
+        - {{name: demo, mountPath: /var/run/demo}}
+  volumes:
+    - {{name: config, configMap: {{name: settings}}}}
+    - {{name: creds, secret: {{secretName: creds, defaultMode: 256}}}}
+    - {{name: token, projected: {{sources: [{{serviceAccountToken: {{path: istio-token, audience: istio-ca, expirationSeconds: 3600}}}}]}}}}
+    - {{name: scratch, emptyDir: {{}}}}
+    - {{name: demo, hostPath: {{path: /var/run/demo, type: DirectoryOrCreate}}}}
+"#
+        )
+    };
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{name: settings, namespace: {NS}}}
+data: {{LEVEL: debug}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: creds, namespace: {NS}}}
+stringData: {{TOKEN: s3cret}}
+---
+{}---
+{}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: distroless, namespace: {NS}}}
+spec:
+  nodeName: node-1
+  containers:
+    - {{name: main, image: "ghcr.io/ambient-rs/ambient-rs:0.1.0", command: [sh, -c, "true"]}}
+"#,
+        pod(
+            "admin",
+            "node-1",
+            "{readOnlyRootFilesystem: true, capabilities: {drop: [ALL], add: [NET_ADMIN]}}"
+        ),
+        pod(
+            "plain",
+            "node-2",
+            "{runAsUser: 1000, runAsGroup: 1000, capabilities: {drop: [ALL]}}"
+        ),
+    );
+    c.kubectl_apply(&manifest).unwrap();
+    let log_of = |name: &str| {
+        wait_for(&format!("{name}'s output"), T, || {
+            c.pod_log(NS, name).filter(|l| l.contains("end\n"))
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}: {:?}\nlog: {:?}\nevents: {:?}",
+                c.get_pod(NS, name).map(|p| p["status"].clone()),
+                c.pod_log(NS, name),
+                c.pod_events(NS, name)
+            )
+        })
+    };
+    let admin = log_of("admin");
+    for line in [
+        "debug",
+        "mode=400",
+        "s3cret",
+        "scratch-ok",
+        "root-ro",
+        "config-ro",
+        "0",
+        "CapEff:\t0000000000001000",
+        "netadmin-ok",
+        "e2e-app",
+    ] {
+        assert!(
+            admin.lines().any(|l| l == line),
+            "{line:?} missing:\n{admin}"
+        );
+    }
+    let token_bytes: usize = admin
+        .lines()
+        .nth(3)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(token_bytes > 100, "a projected token: {admin}");
+    // The hostPath is the node's own directory.
+    let on_node = c.node(1).root_dir().join("var/run/demo/file");
+    assert_eq!(std::fs::read_to_string(on_node).unwrap(), "from-pod\n");
+
+    let plain = log_of("plain");
+    for line in ["1000", "CapEff:\t0000000000000000", "netadmin-denied"] {
+        assert!(
+            plain.lines().any(|l| l == line),
+            "{line:?} missing:\n{plain}"
+        );
+    }
+    // The mesh's image is distroless: no shell to run.
+    let waiting = wait_for("distroless to refuse sh", T, || {
+        let s = container_status(&c, "distroless");
+        (s["state"]["waiting"]["reason"] == "CreateContainerError").then_some(s)
+    })
+    .unwrap();
+    assert!(
+        waiting["state"]["waiting"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not found in image"),
+        "{waiting}"
     );
     c.shutdown().unwrap();
 }

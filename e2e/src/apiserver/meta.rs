@@ -130,7 +130,30 @@ pub fn apply_create_defaults(rs: &Resource, obj: &mut Value) {
         }
         ("", "pods") => set_if_missing(obj, "/status/phase", "Pending"),
         ("", "services") => set_if_missing(obj, "/spec/type", "ClusterIP"),
+        ("", "secrets") => fold_string_data(obj),
         _ => {}
+    }
+}
+
+/// A Secret's write-only `stringData` merged into `data` (base64), as the API server
+/// stores it: readers only ever see `data`.
+pub fn fold_string_data(obj: &mut Value) {
+    use base64::Engine;
+    let Some(object) = obj.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(strings)) = object.remove("stringData") else {
+        return;
+    };
+    let data = object.entry("data").or_insert_with(|| json!({}));
+    if let Some(data) = data.as_object_mut() {
+        for (k, v) in strings {
+            let text = v.as_str().unwrap_or_default();
+            data.insert(
+                k,
+                json!(base64::engine::general_purpose::STANDARD.encode(text)),
+            );
+        }
     }
 }
 

@@ -502,6 +502,9 @@ fn prepare_update(
     if !candidate.is_object() {
         return Err(ApiError::bad_request("the object must be a JSON object"));
     }
+    if (rs.group, rs.plural) == ("", "secrets") {
+        meta::fold_string_data(&mut candidate);
+    }
     let old_rv = meta::resource_version_of(old);
     let new_rv = meta::resource_version_of(&candidate);
     if !new_rv.is_empty() && new_rv != old_rv {

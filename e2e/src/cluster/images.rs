@@ -50,10 +50,7 @@ pub fn repository(image: &str) -> &str {
 /// binary when the container gives no command): a workspace binary in this build's
 /// target directory, or a distribution tool resolved through `PATH`.
 pub fn program_for(image: &str, command: Option<&str>) -> Result<PathBuf> {
-    let repo = repository(image);
-    let Some(image_def) = IMAGES.iter().find(|i| i.repository == repo) else {
-        bail!("image {image:?} is not in the harness's image table (e2e/src/cluster/images.rs)");
-    };
+    let image_def = self::image(image)?;
     let name = match (command, image_def.binaries) {
         (Some(cmd), _) => cmd.rsplit('/').next().unwrap_or(cmd),
         (None, [only]) => only,
@@ -69,6 +66,25 @@ pub fn program_for(image: &str, command: Option<&str>) -> Result<PathBuf> {
         // What a runtime reports for an entrypoint the image lacks.
         _ => bail!("exec: {name:?}: executable file not found in image {image:?}"),
     }
+}
+
+/// The image's entry in the table.
+pub fn image(image: &str) -> Result<&'static Image> {
+    let repo = repository(image);
+    IMAGES.iter().find(|i| i.repository == repo).ok_or_else(|| {
+        anyhow::anyhow!(
+            "image {image:?} is not in the harness's image table (e2e/src/cluster/images.rs)"
+        )
+    })
+}
+
+/// Every binary of the image, as built (the files placed in its `/usr/local/bin`).
+pub fn binaries_of(image_ref: &str) -> Result<Vec<PathBuf>> {
+    image(image_ref)?
+        .binaries
+        .iter()
+        .map(|b| crate::mesh::binary(b))
+        .collect()
 }
 
 #[cfg(test)]

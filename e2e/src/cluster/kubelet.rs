@@ -6,7 +6,7 @@
 //! with kubelet's backoff (1 s doubling, capped at 10 s).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +21,8 @@ use super::cni::{self, NetConfList, Runtime};
 use super::containers::{Container, RestartPolicy};
 use super::objects::{now_rfc3339, pod_event};
 use super::probes::HttpGet;
-use super::{container_env, images};
+use super::volumes::PodVolumes;
+use super::{container_env, images, runtime};
 use crate::netns::Netns;
 use crate::process::ChildGuard;
 
@@ -43,20 +44,47 @@ pub struct NodeInfo {
     pub cni_path: Vec<PathBuf>,
     /// [`super::sweep::OWNER_ENV`] of the containers: the cluster's marker.
     pub owner: String,
+    /// The node's own filesystem tree (`hostPath` volumes live under it).
+    pub root: PathBuf,
+    /// Where pods' volumes and container roots are kept.
+    pub pods_dir: PathBuf,
 }
 
-/// A running pod: its namespace, its CNI state and its containers.
+/// A running pod: its network, its volumes and its containers.
 pub struct Sandbox {
-    // Drop order: processes, then the namespace.
+    // Drop order: processes, then the network.
     pub containers: Vec<Container>,
-    pub netns: Netns,
+    network: Network,
     /// The pod's addresses, IPv4 (the primary family) first.
     pub ips: Vec<String>,
+    volumes: PodVolumes,
+    /// The pod's directory under [`NodeInfo::pods_dir`].
+    dir: PathBuf,
+}
+
+/// The pod's own namespace set up through the CNI chain, or the node's
+/// (`hostNetwork: true`).
+enum Network {
+    Pod(Box<PodNetwork>),
+    Host { netns: String },
+}
+
+struct PodNetwork {
+    netns: Netns,
     result: Value,
     /// Each plugin's ADD time (ms), in chain order.
     add_timings: Vec<(String, f64)>,
     conf: NetConfList,
     rt: Runtime,
+}
+
+impl Sandbox {
+    fn netns_name(&self) -> &str {
+        match &self.network {
+            Network::Pod(pod) => pod.netns.name(),
+            Network::Host { netns } => netns,
+        }
+    }
 }
 
 /// What tests may read about a pod the kubelet runs.
@@ -119,17 +147,23 @@ impl Kubelet {
                 let sb = e.sandbox.lock().ok()?;
                 sb.as_ref().map(|sb| PodHandle {
                     uid: uid.clone(),
-                    netns: sb.netns.name().to_owned(),
+                    netns: sb.netns_name().to_owned(),
                     ip: sb.ips[0].clone(),
                     ips: sb.ips.clone(),
                     pids: sb.containers.iter().filter_map(Container::pid).collect(),
-                    plugins: sb
-                        .conf
-                        .plugins
-                        .iter()
-                        .filter_map(|p| p["type"].as_str().map(str::to_owned))
-                        .collect(),
-                    cni_add_ms: sb.add_timings.clone(),
+                    plugins: match &sb.network {
+                        Network::Pod(pod) => pod
+                            .conf
+                            .plugins
+                            .iter()
+                            .filter_map(|p| p["type"].as_str().map(str::to_owned))
+                            .collect(),
+                        Network::Host { .. } => Vec::new(),
+                    },
+                    cni_add_ms: match &sb.network {
+                        Network::Pod(pod) => pod.add_timings.clone(),
+                        Network::Host { .. } => Vec::new(),
+                    },
                 })
             })
     }
@@ -312,7 +346,7 @@ fn run_pod(
     let mut backoff = BACKOFF_START;
     let mut reported_waiting = false;
     while !cancel.load(Ordering::SeqCst) {
-        match create_sandbox(node, pod, seq.fetch_add(1, Ordering::Relaxed)) {
+        match create_sandbox(api, node, pod, seq.fetch_add(1, Ordering::Relaxed)) {
             Ok(sandbox) => {
                 if let Ok(mut s) = slot.lock() {
                     *s = Some(sandbox);
@@ -321,11 +355,19 @@ fn run_pod(
                 return;
             }
             Err(e) => {
-                let message = format!("Failed to create pod sandbox: {e:#}");
+                let message = format!("{e:#}");
+                let (reason, message) = if message.starts_with("MountVolume.SetUp failed") {
+                    ("FailedMount", message)
+                } else {
+                    (
+                        "FailedCreatePodSandBox",
+                        format!("Failed to create pod sandbox: {message}"),
+                    )
+                };
                 let event = pod_event(
                     pod,
                     &node.name,
-                    "FailedCreatePodSandBox",
+                    reason,
                     &message,
                     seq.fetch_add(1, Ordering::Relaxed),
                 );
@@ -447,7 +489,41 @@ fn termination_grace(pod: &Value) -> Duration {
     )
 }
 
-fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
+fn create_sandbox(api: &Api, node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
+    let meta = &pod["metadata"];
+    let (namespace, name, uid) = (
+        meta["namespace"].as_str().unwrap_or_default(),
+        meta["name"].as_str().unwrap_or_default(),
+        meta["uid"].as_str().unwrap_or_default(),
+    );
+    let dir = node.pods_dir.join(uid);
+    let volumes = PodVolumes::prepare(api, &node.root, pod, &dir.join("volumes"))?;
+    let (network, ips) = if pod["spec"]["hostNetwork"] == true {
+        let network = Network::Host {
+            netns: node.host_netns.clone(),
+        };
+        (network, vec![node.host_ip.clone()])
+    } else {
+        pod_network(node, pod, seq)?
+    };
+    let containers = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, spec)| Container::new(spec, format!("{}-{namespace}-{name}-{i}", node.tag)))
+        .collect();
+    Ok(Sandbox {
+        containers,
+        network,
+        ips,
+        volumes,
+        dir,
+    })
+}
+
+/// The pod's own network namespace, through the node's CNI chain.
+fn pod_network(node: &NodeInfo, pod: &Value, seq: u64) -> Result<(Network, Vec<String>)> {
     let meta = &pod["metadata"];
     let (namespace, name, uid) = (
         meta["namespace"].as_str().unwrap_or_default(),
@@ -484,22 +560,14 @@ fn create_sandbox(node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
         let _ = cni::del(&conf, &rt, Some(&result));
         bail!("the CNI result has no address: {result}");
     }
-    let containers = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, spec)| Container::new(spec, format!("{}-{namespace}-{name}-{i}", node.tag)))
-        .collect();
-    Ok(Sandbox {
-        containers,
+    let network = Network::Pod(Box::new(PodNetwork {
         netns,
-        ips,
         result,
         add_timings,
         conf,
         rt,
-    })
+    }));
+    Ok((network, ips))
 }
 
 /// kubelet's `clusterDNS`: the usual kube-dns ClusterIP (the local API server never
@@ -538,10 +606,29 @@ fn container_command(
     // group (ChildGuard::spawn_group), stopped whole, as a runtime stops its cgroup.
     let image = container["image"].as_str().unwrap_or_default();
     let program = images::program_for(image, command.first().map(String::as_str))?;
-    let mut cmd = sandbox.netns.command(&program.to_string_lossy());
+    let rootfs = container_rootfs(sandbox, pod, container, image, &program)?;
+    // In its own root the image's binaries are in /usr/local/bin.
+    let program = match (&rootfs, program.is_absolute()) {
+        (Some(_), true) => {
+            PathBuf::from("/usr/local/bin").join(program.file_name().unwrap_or_default())
+        }
+        _ => program,
+    };
     // Without a command, the image's entrypoint gets the args.
-    cmd.args(command.iter().skip(1).chain(&args))
-        .env_clear()
+    let argv: Vec<String> = std::iter::once(program.to_string_lossy().into_owned())
+        .chain(command.iter().skip(1).cloned())
+        .chain(args)
+        .collect();
+    let identity =
+        if pod["spec"]["securityContext"].is_null() && container["securityContext"].is_null() {
+            runtime::Identity::default()
+        } else {
+            runtime::Identity::of(pod, container).context("CreateContainerConfigError")?
+        };
+    let mut outer = Command::new("ip");
+    outer.args(["netns", "exec", sandbox.netns_name()]);
+    let mut cmd = runtime::command(outer, rootfs.as_ref(), &identity, &argv)?;
+    cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env(
             "HOSTNAME",
@@ -550,6 +637,42 @@ fn container_command(
         .envs(env)
         .env(super::sweep::OWNER_ENV, &node.owner);
     Ok(cmd)
+}
+
+/// The container's own root: for a distroless image (nothing of the host's but its
+/// libraries), and for any pod with volumes (mounted at their paths in it). Other
+/// test pods share the host's filesystem view, as their tests need.
+fn container_rootfs(
+    sandbox: &Sandbox,
+    pod: &Value,
+    container: &Value,
+    image: &str,
+    program: &Path,
+) -> Result<Option<runtime::Rootfs>> {
+    let distroless = !images::image(image)?.distro_tools;
+    let has_volumes = pod["spec"]["volumes"]
+        .as_array()
+        .is_some_and(|v| !v.is_empty());
+    if !distroless && !has_volumes {
+        return Ok(None);
+    }
+    let name = container["name"].as_str().unwrap_or_default();
+    let root = sandbox.dir.join("containers").join(name);
+    std::fs::create_dir_all(&root)?;
+    let mut binaries = images::binaries_of(image)?;
+    if program.is_absolute() && !binaries.iter().any(|b| b == program) {
+        binaries.push(program.to_owned());
+    }
+    Ok(Some(runtime::Rootfs {
+        root,
+        binaries,
+        mounts: sandbox
+            .volumes
+            .mounts(container)
+            .context("CreateContainerConfigError")?,
+        read_only_root: container["securityContext"]["readOnlyRootFilesystem"] == true,
+        working_dir: container["workingDir"].as_str().map(str::to_owned),
+    }))
 }
 
 fn node_cpu_millis() -> u64 {
@@ -628,8 +751,12 @@ fn teardown_sandbox(mut sandbox: Sandbox) {
     for c in &mut sandbox.containers {
         c.finish_stop(Instant::now());
     }
-    let _ = cni::del(&sandbox.conf, &sandbox.rt, Some(&sandbox.result));
+    if let Network::Pod(pod) = &sandbox.network {
+        let _ = cni::del(&pod.conf, &pod.rt, Some(&pod.result));
+    }
+    let dir = sandbox.dir.clone();
     drop(sandbox);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 fn status_path(pod: &Value) -> String {

@@ -24,8 +24,10 @@ pub mod node;
 pub mod objects;
 pub mod probes;
 pub mod projected;
+pub mod runtime;
 mod service_proxy;
 pub mod sweep;
+pub mod volumes;
 
 use std::path::Path;
 use std::time::Duration;
@@ -163,6 +165,8 @@ impl LocalCluster {
                 conf_dir: node.conf_dir(),
                 cni_path: node.cni_path(),
                 owner: sweep::cluster_marker(tag),
+                root: node.root_dir(),
+                pods_dir: node.dir.join("pods"),
             };
             cluster.kubelets.push(Kubelet::start(cluster.api(), info));
         }

@@ -113,6 +113,11 @@ impl Node {
         cni::pod_cidrs(self.index, self.dual_stack)
     }
 
+    /// The node's own filesystem tree: `hostPath` volumes of its pods live under it.
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
     pub fn conf_dir(&self) -> PathBuf {
         self.dir.join("conf")
     }

@@ -91,7 +91,7 @@ impl Projector {
 }
 
 /// Requests and writes a token; returns when kubelet would refresh it.
-fn write_token(api: &Api, t: &ProjectedToken) -> Result<SystemTime> {
+pub(super) fn write_token(api: &Api, t: &ProjectedToken) -> Result<SystemTime> {
     let issued = SystemTime::now();
     let (token, expires) = api
         .request_token(
@@ -123,7 +123,7 @@ fn sync_configmap(api: &Api, c: &ProjectedConfigMap) -> Result<bool> {
 }
 
 /// Projected volumes are swapped atomically, so readers never see half a file.
-fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
+pub(super) fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
     let dir = path.parent().context("projected file has no directory")?;
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(

@@ -84,7 +84,21 @@ fn reconcile_all(api: &Api) -> Result<()> {
             deployment::reconcile(api, &world, d)?;
         }
     }
-    collect_orphans(api, &world.pods, &owners)
+    collect_orphans(api, &world.pods, &owners)?;
+    default_service_accounts(api)
+}
+
+/// The service-account controller's part: a `default` ServiceAccount in every
+/// namespace.
+fn default_service_accounts(api: &Api) -> Result<()> {
+    for ns in api.list("/api/v1/namespaces")? {
+        let ns = name(&ns);
+        let path = format!("/api/v1/namespaces/{ns}/serviceaccounts");
+        if api.get_opt(&format!("{path}/default"))?.is_none() {
+            api.create_if_absent(&path, &super::objects::service_account(ns, "default"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Deletes pods a DaemonSet or Deployment of ours owned that no longer exists

@@ -1,0 +1,357 @@
+//! The container runtime's part of starting a container: its own mount namespace
+//! with a root of its own (the image: the host's distribution read-only, the
+//! image's binaries in `/usr/local/bin`), the pod's volumes bind-mounted at their
+//! `mountPath`s, a read-only root when asked, and the security context's user,
+//! group and capabilities.
+//!
+//! It is done the way `runc` orders it, with the host's tools: the container's
+//! command runs under `unshare --mount --propagation slave` (so namespaces that
+//! appear on the host later still show through `HostToContainer` mounts), a small
+//! `sh` program builds the root, then `chroot` and `setpriv` exec the command.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Result};
+use serde_json::Value;
+
+/// One bind mount into the container.
+#[derive(Debug, Clone)]
+pub struct Mount {
+    pub source: PathBuf,
+    /// Absolute path inside the container.
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// Everything the container's filesystem is made of.
+#[derive(Debug, Default)]
+pub struct Rootfs {
+    /// An empty directory on the host; the root (a tmpfs) is mounted on it.
+    pub root: PathBuf,
+    /// Host files placed at `/usr/local/bin/<name>` (the image's binaries).
+    pub binaries: Vec<PathBuf>,
+    pub mounts: Vec<Mount>,
+    pub read_only_root: bool,
+    /// `workingDir`, if given.
+    pub working_dir: Option<String>,
+}
+
+/// The security context as the process gets it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// The capability set (lower-case names without `cap_`); `None` keeps the
+    /// runtime's default set, as `privileged: true` keeps all.
+    pub capabilities: Option<Vec<String>>,
+    pub no_new_privs: bool,
+}
+
+/// containerd's default capability set, which `drop`/`add` start from.
+const DEFAULT_CAPS: &[&str] = &[
+    "chown",
+    "dac_override",
+    "fsetid",
+    "fowner",
+    "mknod",
+    "net_raw",
+    "setgid",
+    "setuid",
+    "setfcap",
+    "setpcap",
+    "net_bind_service",
+    "sys_chroot",
+    "kill",
+    "audit_write",
+];
+
+impl Identity {
+    /// The container's `securityContext` over the pod's.
+    pub fn of(pod: &Value, container: &Value) -> Result<Self> {
+        let c = &container["securityContext"];
+        let p = &pod["spec"]["securityContext"];
+        let id = |k: &str| -> Result<Option<u32>> {
+            match c[k].as_u64().or_else(|| p[k].as_u64()) {
+                Some(v) => Ok(Some(u32::try_from(v)?)),
+                None => Ok(None),
+            }
+        };
+        let capabilities = if c["privileged"] == true {
+            None
+        } else {
+            let names = |k: &str| -> Vec<String> {
+                c["capabilities"][k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str())
+                    .map(|s| s.trim_start_matches("CAP_").to_ascii_lowercase())
+                    .collect()
+            };
+            let drop = names("drop");
+            let mut set: Vec<String> = if drop.iter().any(|d| d == "all") {
+                Vec::new()
+            } else {
+                DEFAULT_CAPS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .filter(|s| !drop.contains(s))
+                    .collect()
+            };
+            for add in names("add") {
+                if add == "all" {
+                    bail!("capabilities.add ALL: use privileged: true");
+                }
+                if !set.contains(&add) {
+                    set.push(add);
+                }
+            }
+            Some(set)
+        };
+        Ok(Identity {
+            uid: id("runAsUser")?,
+            gid: id("runAsGroup")?,
+            capabilities,
+            no_new_privs: c["allowPrivilegeEscalation"] == false,
+        })
+    }
+
+    /// `setpriv` arguments that give the process this identity.
+    fn setpriv_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(gid) = self.gid.or(self.uid.map(|_| 0)) {
+            args.push(format!("--regid={gid}"));
+            args.push("--clear-groups".into());
+        }
+        if let Some(uid) = self.uid {
+            args.push(format!("--reuid={uid}"));
+        }
+        if let Some(caps) = &self.capabilities {
+            let list: String = std::iter::once("-all".to_owned())
+                .chain(caps.iter().map(|c| format!("+{c}")))
+                .collect::<Vec<_>>()
+                .join(",");
+            args.push(format!("--bounding-set={list}"));
+            args.push(format!("--inh-caps={list}"));
+            // A non-root user keeps its capabilities across exec only as ambient ones.
+            if self.uid.is_some_and(|u| u != 0) {
+                args.push(format!("--ambient-caps={list}"));
+            }
+        }
+        if self.no_new_privs {
+            args.push("--no-new-privs".into());
+        }
+        args
+    }
+}
+
+/// Host paths a container's root shows read-only (the image's distribution).
+const DISTRO_DIRS: &[&str] = &[
+    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
+];
+
+/// `argv` run inside the container: in the command `outer` (e.g. `ip netns exec
+/// <ns>`), with the root `rootfs` (when given) and `identity`.
+pub fn command(
+    mut outer: Command,
+    rootfs: Option<&Rootfs>,
+    identity: &Identity,
+    argv: &[String],
+) -> Result<Command> {
+    if rootfs.is_none() && *identity == Identity::default() {
+        outer.args(argv);
+        return Ok(outer);
+    }
+    let mut script = String::from("set -e\n");
+    let mut exec: Vec<String> = Vec::new();
+    if let Some(fs) = rootfs {
+        script.push_str(&rootfs_script(fs)?);
+        exec.extend(["chroot".into(), fs.root.display().to_string()]);
+        exec.extend(["/usr/bin/env".into(), "-C".into()]);
+        exec.push(fs.working_dir.clone().unwrap_or_else(|| "/".into()));
+    }
+    if *identity != Identity::default() {
+        exec.push("setpriv".into());
+        exec.extend(identity.setpriv_args());
+        exec.push("--".into());
+    }
+    script.push_str("exec ");
+    for word in &exec {
+        script.push_str(&quote(word));
+        script.push(' ');
+    }
+    script.push_str("\"$@\"\n");
+    outer
+        .args([
+            "unshare",
+            "--mount",
+            "--propagation",
+            "slave",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(script)
+        .arg("container")
+        .args(argv);
+    Ok(outer)
+}
+
+fn rootfs_script(fs: &Rootfs) -> Result<String> {
+    let root = fs.root.display().to_string();
+    let r = |p: &str| quote(&format!("{root}{p}"));
+    let mut s = format!(
+        "mount -t tmpfs -o mode=755 container-root {}\n",
+        quote(&root)
+    );
+    for dir in DISTRO_DIRS {
+        let host = Path::new("/").join(dir);
+        match std::fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&host)?;
+                s += &format!(
+                    "ln -s {} {}\n",
+                    quote(&target.display().to_string()),
+                    r(&format!("/{dir}"))
+                );
+            }
+            Ok(m) if m.is_dir() => {
+                let at = r(&format!("/{dir}"));
+                s += &format!(
+                    "mkdir {at}\nmount --rbind /{dir} {at}\nmount -o remount,bind,ro {at}\n"
+                );
+            }
+            _ => {}
+        }
+    }
+    for (dir, how) in [
+        ("dev", "--rbind /dev"),
+        ("proc", "--rbind /proc"),
+        ("sys", "--rbind /sys"),
+    ] {
+        let at = r(&format!("/{dir}"));
+        s += &format!("mkdir {at}\nmount {how} {at}\n");
+    }
+    s += &format!("mkdir -m 1777 {}\nmkdir -p {}\n", r("/tmp"), r("/var/run"));
+    // The image's binaries: a tmpfs of their own over the distribution's dir.
+    let bin = r("/usr/local/bin");
+    s += &format!("mount -t tmpfs -o mode=755 image-bin {bin}\n");
+    for b in &fs.binaries {
+        let name = b
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let at = r(&format!("/usr/local/bin/{name}"));
+        s += &format!(
+            "touch {at}\nmount --bind {} {at}\nmount -o remount,bind,ro {at}\n",
+            quote(&b.display().to_string())
+        );
+    }
+    for m in &fs.mounts {
+        if !m.target.starts_with('/') || m.target.contains("/../") || m.target.ends_with("/..") {
+            bail!("mountPath {:?} must be absolute and plain", m.target);
+        }
+        if DISTRO_DIRS
+            .iter()
+            .any(|d| m.target == format!("/{d}") || m.target.starts_with(&format!("/{d}/")))
+            && !m.target.starts_with("/usr/local/")
+        {
+            bail!(
+                "mountPath {:?} is inside the image's read-only distribution",
+                m.target
+            );
+        }
+        let at = r(&m.target);
+        let source = quote(&m.source.display().to_string());
+        if m.source.is_dir() {
+            s += &format!("mkdir -p {at}\n");
+        } else {
+            s += &format!("mkdir -p \"$(dirname {at})\"\ntouch {at}\n");
+        }
+        s += &format!("mount --rbind {source} {at}\n");
+        if m.read_only {
+            s += &format!("mount -o remount,bind,ro {at}\n");
+        }
+    }
+    if fs.read_only_root {
+        s += &format!("mount -o remount,ro {}\n", quote(&root));
+    }
+    Ok(s)
+}
+
+/// `word` as one shell word.
+fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn security_context_to_identity() {
+        let pod = json!({"spec": {"securityContext": {"runAsUser": 1000, "runAsGroup": 1000}}});
+        let c = json!({"securityContext": {"runAsUser": 0,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]},
+            "allowPrivilegeEscalation": false}});
+        let id = Identity::of(&pod, &c).unwrap();
+        assert_eq!(id.uid, Some(0), "the container's wins");
+        assert_eq!(id.gid, Some(1000), "the pod's fills in");
+        assert_eq!(
+            id.capabilities.as_deref(),
+            Some(&["net_admin".to_owned(), "sys_admin".to_owned()][..])
+        );
+        assert!(id
+            .setpriv_args()
+            .contains(&"--bounding-set=-all,+net_admin,+sys_admin".to_owned()));
+        assert!(id.no_new_privs);
+
+        let dropped = Identity::of(
+            &json!({}),
+            &json!({"securityContext": {"capabilities": {"drop": ["NET_RAW"]}}}),
+        )
+        .unwrap();
+        let caps = dropped.capabilities.unwrap();
+        assert!(!caps.contains(&"net_raw".to_owned()) && caps.contains(&"chown".to_owned()));
+        let privileged = Identity::of(
+            &json!({}),
+            &json!({"securityContext": {"privileged": true}}),
+        )
+        .unwrap();
+        assert_eq!(privileged, Identity::default());
+        assert!(Identity::of(
+            &json!({}),
+            &json!({"securityContext": {"capabilities": {"add": ["ALL"]}}})
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn quoting_survives_quotes() {
+        assert_eq!(quote("a'b c"), r"'a'\''b c'");
+    }
+
+    #[test]
+    fn mount_paths_must_stay_out_of_the_distribution() {
+        let fs = |target: &str| Rootfs {
+            root: "/nonexistent".into(),
+            mounts: vec![Mount {
+                source: "/tmp".into(),
+                target: target.into(),
+                read_only: false,
+            }],
+            ..Rootfs::default()
+        };
+        assert!(rootfs_script(&fs("/etc/x")).is_err());
+        assert!(rootfs_script(&fs("relative")).is_err());
+        assert!(rootfs_script(&fs("/a/../etc")).is_err());
+        let ok = rootfs_script(&fs("/var/run/secrets/tokens")).unwrap();
+        assert!(
+            ok.contains("mount --rbind '/tmp' '/nonexistent/var/run/secrets/tokens'"),
+            "{ok}"
+        );
+    }
+}
