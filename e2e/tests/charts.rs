@@ -1,7 +1,16 @@
 //! The charts against the binaries they run: every environment variable a chart sets
-//! is one its binary reads (a misspelt or stale name would be silently ignored).
+//! is one its binary reads (a misspelt or stale name would be silently ignored), and
+//! the cni chart's DaemonSet runs the node agent on the local cluster from its own
+//! pod spec (volumes, capabilities, probes, env), enrolling pods into the mesh.
+
+use std::time::Duration;
 
 use e2e::charts::{install_manifests, unread_env};
+use e2e::cluster::LocalCluster;
+use e2e::process::wait_for;
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
 
 /// Value sets whose renders differ in the environment they give.
 const VARIANTS: &[&[&str]] = &[
@@ -50,4 +59,90 @@ fn istioctl_lite_charts_render() -> bool {
         .arg("version")
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+fn ds_status(c: &LocalCluster) -> Value {
+    let ds = c
+        .kubectl(&[
+            "-n",
+            "istio-system",
+            "get",
+            "ds",
+            "istio-cni-node",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    serde_json::from_str::<Value>(&ds).unwrap()["status"].clone()
+}
+
+#[test]
+fn the_cni_charts_daemonset_runs_the_node_agent_that_enrolls_pods() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let c = LocalCluster::with_agent_from_chart("chcni", &[]).unwrap();
+    let status = ds_status(&c);
+    for field in [
+        "desiredNumberScheduled",
+        "numberReady",
+        "updatedNumberScheduled",
+    ] {
+        assert_eq!(status[field], 2, "{field}: {status}");
+    }
+    // One agent pod per node, in the node's network namespace, as the chart says.
+    let pods = c
+        .api()
+        .list("/api/v1/namespaces/istio-system/pods?labelSelector=k8s-app%3Distio-cni-node")
+        .unwrap();
+    let mut nodes: Vec<&str> = pods
+        .iter()
+        .filter_map(|p| p["spec"]["nodeName"].as_str())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["node-1", "node-2"]);
+    for p in &pods {
+        assert_eq!(p["status"]["podIP"], p["status"]["hostIP"], "hostNetwork");
+    }
+
+    c.create_namespace("m", &[("istio.io/dataplane-mode", "ambient")])
+        .unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    let mut ips = Vec::new();
+    for (name, node, argv) in [
+        (
+            "server",
+            2,
+            &["e2e-app", "sink", "--listen", "0.0.0.0:9000"][..],
+        ),
+        ("client", 1, &["sleep", "3600"][..]),
+    ] {
+        c.create_pod("m", name, node, name, &[], argv).unwrap();
+        let p = c.wait_pod_running("m", name, T).unwrap();
+        c.wait_redirection("m", name, Some("enabled"), T)
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", c.system_pod_logs()));
+        assert_eq!(
+            c.redirection_of("m", name).unwrap(),
+            e2e::cluster::expected_redirection()
+        );
+        for n in 1..=2 {
+            c.wait_ztunnel_sees_hbone(n, &p.ip, T).unwrap();
+        }
+        ips.push(p.ip);
+    }
+    let answer = c
+        .send("m", "client", &format!("{}:9000", ips[0]), 10_000)
+        .unwrap();
+    assert_eq!(answer["bytes"], 10_000, "{answer}");
+    let metrics = c.node(2).ztunnel_metrics().unwrap();
+    let mtls = e2e::mesh::metric_sum(
+        &metrics,
+        "istio_tcp_received_bytes_total",
+        &[
+            ("source_principal", "spiffe://cluster.local/ns/m/sa/client"),
+            ("connection_security_policy", "mutual_tls"),
+        ],
+    );
+    assert!(mtls >= 10_000.0, "the bytes crossed HBONE: {mtls}");
+    c.shutdown().unwrap();
 }

@@ -134,6 +134,8 @@ struct Shared {
     tokens: tokens::Signer,
     /// `None` when no certificate could be made: plain HTTP only.
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The serving certificate (self-signed), PEM.
+    tls_certificate: Option<String>,
     options: Options,
     addr: SocketAddr,
     stats: Counters,
@@ -192,13 +194,18 @@ impl ApiServer {
         let tokens =
             tokens::Signer::open(options.service_account_issuer.clone(), key_file.as_deref())
                 .map_err(StartError::Key)?;
-        let tls = tls::acceptor(addr)
-            .map_err(|e| tracing::warn!("serving plain HTTP only: no TLS certificate: {e}"))
-            .ok();
+        let (tls, tls_certificate) = match tls::acceptor(addr) {
+            Ok((acceptor, pem)) => (Some(acceptor), Some(pem)),
+            Err(e) => {
+                tracing::warn!("serving plain HTTP only: no TLS certificate: {e}");
+                (None, None)
+            }
+        };
         let shared = Arc::new(Shared {
             store,
             tokens,
             tls,
+            tls_certificate,
             options,
             addr,
             stats: Counters::default(),
@@ -212,6 +219,12 @@ impl ApiServer {
 
     pub fn addr(&self) -> SocketAddr {
         self.shared.addr
+    }
+
+    /// The self-signed serving certificate in PEM, when TLS is served: the CA that
+    /// in-cluster clients trust (`kube-root-ca.crt`).
+    pub fn certificate_pem(&self) -> Option<&str> {
+        self.shared.tls_certificate.as_deref()
     }
 
     /// `http://<addr>`, the `server:` of a kubeconfig.

@@ -18,8 +18,9 @@ use tokio_rustls::TlsAcceptor;
 const HANDSHAKE_RECORD: u8 = 0x16;
 
 /// An acceptor with a fresh self-signed certificate for `addr`'s IP, localhost and the
-/// in-cluster names of the API server.
-pub fn acceptor(addr: SocketAddr) -> Result<TlsAcceptor, String> {
+/// in-cluster names of the API server, and that certificate in PEM (what in-cluster
+/// clients trust: their `ca.crt`).
+pub fn acceptor(addr: SocketAddr) -> Result<(TlsAcceptor, String), String> {
     let key =
         rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
     let mut params = rcgen::CertificateParams::new(vec![
@@ -34,6 +35,7 @@ pub fn acceptor(addr: SocketAddr) -> Result<TlsAcceptor, String> {
         .subject_alt_names
         .push(rcgen::SanType::IpAddress(addr.ip()));
     let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
+    let pem = cert.pem();
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
@@ -44,7 +46,7 @@ pub fn acceptor(addr: SocketAddr) -> Result<TlsAcceptor, String> {
         .map_err(|e| e.to_string())?;
     // The server speaks HTTP/1.1 only; Go clients offer h2 first.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
+    Ok((TlsAcceptor::from(Arc::new(config)), pem))
 }
 
 /// True when the client's first byte opens a TLS handshake (waits for that byte).

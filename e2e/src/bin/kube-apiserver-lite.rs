@@ -20,6 +20,10 @@ struct Args {
     /// Write a kubeconfig for this server to PATH once listening.
     #[arg(long, value_name = "PATH")]
     print_kubeconfig: Option<PathBuf>,
+    /// Write the (self-signed) serving certificate to PATH once listening: the CA
+    /// in-cluster clients trust.
+    #[arg(long, value_name = "PATH")]
+    tls_cert_file: Option<PathBuf>,
     /// Events kept for resuming watches; older resourceVersions get 410 Gone.
     #[arg(long, default_value_t = 10_000)]
     event_log_size: usize,
@@ -63,6 +67,12 @@ async fn main() -> anyhow::Result<()> {
     if let Some(path) = &args.print_kubeconfig {
         write_kubeconfig(path, &server.url())
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.tls_cert_file {
+        let pem = server
+            .certificate_pem()
+            .context("no TLS certificate to write")?;
+        std::fs::write(path, pem).with_context(|| format!("writing {}", path.display()))?;
     }
     // One line on stdout, so a parent using port 0 can learn the address.
     println!("kube-apiserver-lite listening on {}", server.url());

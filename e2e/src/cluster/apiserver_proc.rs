@@ -42,6 +42,8 @@ pub struct ControlPlane {
     _service: ServiceProxy,
     pub ns: Netns,
     pub kubeconfig: PathBuf,
+    /// The API server's serving certificate: the CA in-cluster clients trust.
+    pub api_ca: PathBuf,
     /// The `cacerts` files: mounted into istiod-lite only.
     pub ca_dir: PathBuf,
     state_file: PathBuf,
@@ -90,6 +92,7 @@ impl ControlPlane {
             _service: service,
             ns,
             kubeconfig: dir.join("kubeconfig"),
+            api_ca: dir.join("apiserver-ca.crt"),
             ca_dir,
             state_file: dir.join("apiserver-state.json"),
             tag: tag.to_owned(),
@@ -188,7 +191,9 @@ impl ControlPlane {
         cmd.args(["--listen", API_ADDR, "--state-file"])
             .arg(&self.state_file)
             .arg("--print-kubeconfig")
-            .arg(&self.kubeconfig);
+            .arg(&self.kubeconfig)
+            .arg("--tls-cert-file")
+            .arg(&self.api_ca);
         if self.dual_stack {
             cmd.args(["--service-cluster-ip-range", DUAL_STACK_SERVICE_RANGES]);
         }

@@ -31,6 +31,10 @@ pub struct Runtime {
     pub cni_path: Vec<PathBuf>,
     /// `CNI_ARGS`.
     pub args: String,
+    /// The node's own directories the plugins see at node paths (host file, node
+    /// path): a plugin configured by a node agent in a container finds the agent's
+    /// sockets where the agent says they are.
+    pub node_binds: Vec<(PathBuf, String)>,
 }
 
 impl Runtime {
@@ -146,9 +150,10 @@ fn invoke(
         conf["prevResult"] = prev.clone();
     }
     let cni_path = std::env::join_paths(&rt.cni_path)?;
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &rt.host_netns])
-        .arg(&program)
+    let mut outer = Command::new("ip");
+    outer.args(["netns", "exec", &rt.host_netns]);
+    let argv = [program.to_string_lossy().into_owned()];
+    let mut child = super::runtime::node_view(outer, &rt.node_binds, &argv)
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", &rt.container_id)
         .env("CNI_NETNS", &rt.netns_path)

@@ -48,6 +48,10 @@ pub struct NodeInfo {
     pub root: PathBuf,
     /// Where pods' volumes and container roots are kept.
     pub pods_dir: PathBuf,
+    /// Node directories the CNI plugins see at their node paths ([`cni::Runtime`]).
+    pub plugin_binds: Vec<(PathBuf, String)>,
+    /// The API server, as in-cluster clients reach it (`KUBERNETES_SERVICE_*`).
+    pub api_addr: std::net::SocketAddr,
 }
 
 /// A running pod: its network, its volumes and its containers.
@@ -343,6 +347,7 @@ fn run_pod(
     slot: &Mutex<Option<Sandbox>>,
     seq: &AtomicU64,
 ) {
+    let pod = &with_api_access(api, pod);
     let mut backoff = BACKOFF_START;
     let mut reported_waiting = false;
     while !cancel.load(Ordering::SeqCst) {
@@ -545,6 +550,7 @@ fn pod_network(node: &NodeInfo, pod: &Value, seq: u64) -> Result<(Network, Vec<S
         ifname: "eth0".into(),
         cni_path: node.cni_path.clone(),
         args: Runtime::k8s_args(namespace, name, uid, &container_id),
+        node_binds: node.plugin_binds.clone(),
     };
     let (result, add_timings) = match cni::add(&conf, &rt) {
         Ok(r) => r,
@@ -634,9 +640,87 @@ fn container_command(
             "HOSTNAME",
             pod["metadata"]["name"].as_str().unwrap_or_default(),
         )
+        // kubelet's service variables for the API server, which `env` may override.
+        .env("KUBERNETES_SERVICE_HOST", node.api_addr.ip().to_string())
+        .env("KUBERNETES_SERVICE_PORT", node.api_addr.port().to_string())
         .envs(env)
         .env(super::sweep::OWNER_ENV, &node.owner);
     Ok(cmd)
+}
+
+/// Where kubelet mounts a pod's API credentials.
+const API_ACCESS_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The pod as the ServiceAccount admission plugin completes it: a `kube-api-access`
+/// projected volume (token, `kube-root-ca.crt`, namespace) mounted read-only in every
+/// container, unless `automountServiceAccountToken` is false on the pod (else on its
+/// ServiceAccount). Only for pods in their own root ([`own_root`]): the others see
+/// the host's files anyway.
+fn with_api_access(api: &Api, pod: &Value) -> Value {
+    let mut pod = pod.clone();
+    let namespace = pod["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    let sa = pod["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    let automount = match pod["spec"]["automountServiceAccountToken"].as_bool() {
+        Some(set) => set,
+        None => api
+            .get_opt(&format!(
+                "/api/v1/namespaces/{namespace}/serviceaccounts/{sa}"
+            ))
+            .ok()
+            .flatten()
+            .and_then(|sa| sa["automountServiceAccountToken"].as_bool())
+            .unwrap_or(true),
+    };
+    if !automount || !own_root(&pod) {
+        return pod;
+    }
+    let volume = "kube-api-access";
+    if !pod["spec"]["volumes"].is_array() {
+        pod["spec"]["volumes"] = json!([]);
+    }
+    let Some(volumes) = pod["spec"]["volumes"].as_array_mut() else {
+        return pod;
+    };
+    volumes.push(json!({"name": volume, "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]}}));
+    for c in pod["spec"]["containers"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        let mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+        if mounts.iter().all(|m| m["mountPath"] != API_ACCESS_MOUNT) {
+            let mut mounts = mounts;
+            mounts.push(json!({"name": volume, "mountPath": API_ACCESS_MOUNT, "readOnly": true}));
+            c["volumeMounts"] = json!(mounts);
+        }
+    }
+    pod
+}
+
+/// Whether the pod's containers run in roots of their own: pods with volumes, and
+/// pods of distroless images. The e2e suite's other pods share the host's files.
+fn own_root(pod: &Value) -> bool {
+    let has_volumes = pod["spec"]["volumes"]
+        .as_array()
+        .is_some_and(|v| !v.is_empty());
+    let distroless = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            images::image(c["image"].as_str().unwrap_or_default()).is_ok_and(|i| !i.distro_tools)
+        });
+    has_volumes || distroless
 }
 
 /// The container's own root: for a distroless image (nothing of the host's but its

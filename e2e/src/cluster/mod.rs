@@ -62,6 +62,28 @@ pub fn expected_redirection() -> &'static str {
     }
 }
 
+/// The shape of a local cluster.
+struct Topology {
+    nodes: u8,
+    istiod_replicas: u8,
+    dual_stack: bool,
+    native_nftables: bool,
+    /// The node agent from the cni chart with these values (else the harness's).
+    agent_chart_values: Option<Vec<String>>,
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Topology {
+            nodes: 2,
+            istiod_replicas: 1,
+            dual_stack: false,
+            native_nftables: native_nftables(),
+            agent_chart_values: None,
+        }
+    }
+}
+
 /// The running cluster. Fields drop in order: controllers, kubelets (pods), nodes,
 /// control plane.
 pub struct LocalCluster {
@@ -82,34 +104,72 @@ impl LocalCluster {
     }
 
     pub fn with_nodes(tag: &str, count: u8) -> Result<Self> {
-        Self::with_topology(tag, count, 1, false, native_nftables())
+        Self::with_topology(
+            tag,
+            Topology {
+                nodes: count,
+                ..Topology::default()
+            },
+        )
     }
 
     /// Two nodes, and `replicas` istiod-lite replicas behind istiod's Service.
     pub fn with_istiod_replicas(tag: &str, replicas: u8) -> Result<Self> {
-        Self::with_topology(tag, 2, replicas, false, native_nftables())
+        Self::with_topology(
+            tag,
+            Topology {
+                istiod_replicas: replicas,
+                ..Topology::default()
+            },
+        )
     }
 
     /// Two nodes whose agents run in native nftables mode or not, whatever the
     /// environment says (the bench compares both).
     pub fn with_native_nftables(tag: &str, native_nftables: bool) -> Result<Self> {
-        Self::with_topology(tag, 2, 1, false, native_nftables)
+        Self::with_topology(
+            tag,
+            Topology {
+                native_nftables,
+                ..Topology::default()
+            },
+        )
     }
 
     /// Two dual-stack nodes: pods get an IPv4 and an IPv6 address (`status.podIPs`),
     /// nodes route both families, and Services may have ClusterIPs of both
     /// (`ipFamilyPolicy`). The control plane itself serves over IPv4.
     pub fn dual_stack(tag: &str) -> Result<Self> {
-        Self::with_topology(tag, 2, 1, true, native_nftables())
+        Self::with_topology(
+            tag,
+            Topology {
+                dual_stack: true,
+                ..Topology::default()
+            },
+        )
     }
 
-    fn with_topology(
-        tag: &str,
-        count: u8,
-        istiod_replicas: u8,
-        dual_stack: bool,
-        native_nftables: bool,
-    ) -> Result<Self> {
+    /// Two nodes whose node agent is the cni chart's DaemonSet (rendered by helm,
+    /// applied with kubectl, its pods run by the kubelet stand-in from their spec),
+    /// not a process the harness starts. ztunnel and istiod-lite are the harness's.
+    pub fn with_agent_from_chart(tag: &str, chart_values: &[&str]) -> Result<Self> {
+        Self::with_topology(
+            tag,
+            Topology {
+                agent_chart_values: Some(chart_values.iter().map(|v| v.to_string()).collect()),
+                ..Topology::default()
+            },
+        )
+    }
+
+    fn with_topology(tag: &str, topology: Topology) -> Result<Self> {
+        let Topology {
+            nodes: count,
+            istiod_replicas,
+            dual_stack,
+            native_nftables,
+            agent_chart_values,
+        } = topology;
         sweep::sweep_stale_processes();
         sweep::sweep_stale_dirs();
         let dir = tempfile::Builder::new()
@@ -145,15 +205,15 @@ impl LocalCluster {
                 }
             }
         }
-        cluster.create_objects()?;
+        let agent_from_chart = agent_chart_values.is_some();
+        cluster.create_objects(!agent_from_chart)?;
         let api = cluster.api();
         for node in &mut cluster.nodes {
-            let pod = ztunnel_pod(&api, &node.name)?;
-            node.project_ztunnel_volumes(api.clone(), pod)?;
             node.agent_env
                 .push(("NATIVE_NFTABLES".into(), native_nftables.to_string()));
-            node.start_agent()?;
-            node.start_ztunnel()?;
+            if !agent_from_chart {
+                node.start_agent()?;
+            }
         }
         for node in &cluster.nodes {
             let info = NodeInfo {
@@ -167,15 +227,89 @@ impl LocalCluster {
                 owner: sweep::cluster_marker(tag),
                 root: node.root_dir(),
                 pods_dir: node.dir.join("pods"),
+                // The chart's agent names its run dir by its node path.
+                plugin_binds: if agent_from_chart {
+                    vec![(node.run_dir(), node::NODE_AGENT_RUN_DIR.to_owned())]
+                } else {
+                    Vec::new()
+                },
+                api_addr: apiserver_proc::api_addr(),
             };
             cluster.kubelets.push(Kubelet::start(cluster.api(), info));
         }
-        cluster.controllers = Some(Controllers::start(cluster.api()));
+        cluster.controllers = Some(Controllers::start(
+            cluster.api(),
+            cluster.control_plane.api_ca.clone(),
+        ));
+        if let Some(values) = agent_chart_values {
+            let mut values = values;
+            values.push(format!("nativeNftables={native_nftables}"));
+            cluster.install_agent_chart(&values)?;
+        }
+        for node in &mut cluster.nodes {
+            let pod = ztunnel_pod(&api, &node.name)?;
+            node.project_ztunnel_volumes(api.clone(), pod)?;
+            node.start_ztunnel()?;
+        }
         Ok(cluster)
     }
 
-    /// Node objects, the system namespace and the mesh's DaemonSets.
-    fn create_objects(&self) -> Result<()> {
+    /// Renders the cni chart with `values` and applies it; waits until its DaemonSet
+    /// is ready on every node (`kubectl rollout status`) and the plugin is installed.
+    pub fn install_agent_chart(&self, values: &[String]) -> Result<()> {
+        let mut helm = std::process::Command::new("helm");
+        helm.args(["template", "istio-cni"])
+            .arg(crate::charts::charts_dir().join("cni"))
+            .args(["--namespace", SYSTEM_NAMESPACE]);
+        for v in values {
+            helm.args(["--set", v]);
+        }
+        let out = helm
+            .output()
+            .context("running helm (scripts/install-chart-tools.sh)")?;
+        if !out.status.success() {
+            bail!(
+                "helm template: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        // Objects without a namespace go to the release's, as with `helm install -n`.
+        self.kubectl_apply_in(SYSTEM_NAMESPACE, &String::from_utf8(out.stdout)?)?;
+        self.kubectl(&[
+            "-n",
+            SYSTEM_NAMESPACE,
+            "rollout",
+            "status",
+            "ds/istio-cni-node",
+            "--timeout=60s",
+        ])
+        .with_context(|| self.system_pod_logs())?;
+        wait_for("the plugin on every node", Duration::from_secs(20), || {
+            self.nodes.iter().all(Node::plugin_installed).then_some(())
+        })
+        .with_context(|| self.system_pod_logs())?;
+        Ok(())
+    }
+
+    /// Logs of the mesh's pods the kubelets run (the chart-run agent's), for failures.
+    pub fn system_pod_logs(&self) -> String {
+        let mut text = String::new();
+        for k in &self.kubelets {
+            for (ns, name) in k
+                .pod_names()
+                .into_iter()
+                .filter(|(ns, _)| ns == SYSTEM_NAMESPACE)
+            {
+                let log = k.log(&ns, &name).unwrap_or_default();
+                text.push_str(&format!("--- {ns}/{name} ---\n{}\n", tail(&log, 40)));
+            }
+        }
+        text
+    }
+
+    /// Node objects, the system namespace and the DaemonSets standing for the mesh
+    /// components the harness runs (the agent's only when `harness_agent`).
+    fn create_objects(&self, harness_agent: bool) -> Result<()> {
         let api = self.api();
         for node in &self.nodes {
             api.create_if_absent(
@@ -195,7 +329,11 @@ impl LocalCluster {
             )?;
         }
         let path = format!("/apis/apps/v1/namespaces/{SYSTEM_NAMESPACE}/daemonsets");
-        for (name, app) in [("istio-cni-node", "istio-cni-node"), ("ztunnel", "ztunnel")] {
+        let mut harness_run = vec![("ztunnel", "ztunnel")];
+        if harness_agent {
+            harness_run.push(("istio-cni-node", "istio-cni-node"));
+        }
+        for (name, app) in harness_run {
             api.create_if_absent(
                 &path,
                 &objects::daemonset(SYSTEM_NAMESPACE, name, app, self.nodes.len()),
@@ -277,6 +415,11 @@ impl LocalCluster {
 
     /// `kubectl apply -f -` with `manifest` on stdin.
     pub fn kubectl_apply(&self, manifest: &str) -> Result<String> {
+        self.kubectl_apply_in("default", manifest)
+    }
+
+    /// `kubectl -n namespace apply -f -` with `manifest` on stdin.
+    pub fn kubectl_apply_in(&self, namespace: &str, manifest: &str) -> Result<String> {
         use std::io::Write;
         let mut child = self
             .control_plane
@@ -284,7 +427,7 @@ impl LocalCluster {
             .command("kubectl")
             .arg("--kubeconfig")
             .arg(self.kubeconfig())
-            .args(["apply", "-f", "-"])
+            .args(["-n", namespace, "apply", "-f", "-"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

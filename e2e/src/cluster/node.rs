@@ -16,6 +16,13 @@ use crate::mesh::binary;
 use crate::netns::Netns;
 use crate::process::{wait_for, ChildGuard};
 
+/// The node paths the charts use (Istio's): CNI config and binaries, the agent's
+/// sockets, and the ZDS socket's directory.
+pub const NODE_CNI_CONF_DIR: &str = "/etc/cni/net.d";
+pub const NODE_CNI_BIN_DIR: &str = "/opt/cni/bin";
+pub const NODE_AGENT_RUN_DIR: &str = "/var/run/istio-cni";
+pub const NODE_ZDS_DIR: &str = "/var/run/ztunnel";
+
 /// Name of the reference conflist written into every node's conf dir.
 pub const BRIDGE_CONFLIST: &str = "10-bridge.conflist";
 
@@ -66,9 +73,16 @@ impl Node {
             }
         }
         let dir = root.join(format!("node-{index}"));
-        for sub in ["conf", "bin", "run", "zds", "ipam"] {
-            std::fs::create_dir_all(dir.join(sub))?;
+        // The node's own tree: the paths the charts' hostPath volumes name.
+        for sub in [
+            NODE_CNI_CONF_DIR,
+            NODE_CNI_BIN_DIR,
+            NODE_AGENT_RUN_DIR,
+            NODE_ZDS_DIR,
+        ] {
+            std::fs::create_dir_all(dir.join("root").join(sub.trim_start_matches('/')))?;
         }
+        std::fs::create_dir_all(dir.join("ipam"))?;
         let node = Node {
             ztunnel: None,
             agent: None,
@@ -118,16 +132,21 @@ impl Node {
         self.dir.join("root")
     }
 
+    /// A path of the node's own tree, on the host.
+    pub fn host_path(&self, node_path: &str) -> PathBuf {
+        self.root_dir().join(node_path.trim_start_matches('/'))
+    }
+
     pub fn conf_dir(&self) -> PathBuf {
-        self.dir.join("conf")
+        self.host_path(NODE_CNI_CONF_DIR)
     }
 
     pub fn bin_dir(&self) -> PathBuf {
-        self.dir.join("bin")
+        self.host_path(NODE_CNI_BIN_DIR)
     }
 
     pub fn run_dir(&self) -> PathBuf {
-        self.dir.join("run")
+        self.host_path(NODE_AGENT_RUN_DIR)
     }
 
     /// ztunnel's projected service-account token (audience istio-ca), as the
@@ -165,7 +184,7 @@ impl Node {
 
     /// Where the agent serves ZDS and ztunnel connects.
     pub fn zds_socket(&self) -> PathBuf {
-        self.dir.join("zds").join("ztunnel.sock")
+        self.host_path(NODE_ZDS_DIR).join("ztunnel.sock")
     }
 
     /// `CNI_PATH`: the reference plugins, then the agent's bin dir.

@@ -97,7 +97,8 @@ pub(super) fn write_token(api: &Api, t: &ProjectedToken) -> Result<SystemTime> {
         .request_token(
             &t.namespace,
             &t.service_account,
-            &[t.audience.as_str()],
+            // No audience: the API server's own (a token for talking to it).
+            &[t.audience.as_str()][..usize::from(!t.audience.is_empty())],
             t.expiration_secs,
             Some((t.pod.0.as_str(), t.pod.1.as_str())),
         )

@@ -198,6 +198,38 @@ pub fn command(
     Ok(outer)
 }
 
+/// `argv` in a mount namespace of its own where each of the node's directories in
+/// `binds` (host dir, node path) is seen at its node path: how a process of the
+/// node (kubelet's CNI plugins) sees the node's tree. Without binds, `argv` as is.
+pub fn node_view(mut outer: Command, binds: &[(PathBuf, String)], argv: &[String]) -> Command {
+    if binds.is_empty() {
+        outer.args(argv);
+        return outer;
+    }
+    let mut script = String::from("set -e\n");
+    for (host, at) in binds {
+        // The mount point is made on the host if missing (an empty directory: node
+        // paths such as /var/run/istio-cni live on the host's /run tmpfs).
+        let (host, at) = (quote(&host.display().to_string()), quote(at));
+        script += &format!("mkdir -p {at}\nmount --bind {host} {at}\n");
+    }
+    script.push_str("exec \"$@\"\n");
+    outer
+        .args([
+            "unshare",
+            "--mount",
+            "--propagation",
+            "slave",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(script)
+        .arg("node")
+        .args(argv);
+    outer
+}
+
 fn rootfs_script(fs: &Rootfs) -> Result<String> {
     let root = fs.root.display().to_string();
     let r = |p: &str| quote(&format!("{root}{p}"));

@@ -8,6 +8,7 @@ mod deployment;
 mod rollout;
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -31,12 +32,13 @@ pub struct Controllers {
 }
 
 impl Controllers {
-    pub fn start(api: Api) -> Self {
+    /// `api_ca`: the API server's certificate, published in every namespace.
+    pub fn start(api: Api, api_ca: PathBuf) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
-                if let Err(e) = reconcile_all(&api) {
+                if let Err(e) = reconcile_all(&api, &api_ca) {
                     tracing::debug!("controllers: {e:#}");
                 }
                 std::thread::sleep(POLL);
@@ -64,7 +66,7 @@ pub struct World {
     pub pods: Vec<Value>,
 }
 
-fn reconcile_all(api: &Api) -> Result<()> {
+fn reconcile_all(api: &Api, api_ca: &Path) -> Result<()> {
     let world = World {
         nodes: api.list("/api/v1/nodes")?,
         pods: api.list("/api/v1/pods")?,
@@ -85,17 +87,25 @@ fn reconcile_all(api: &Api) -> Result<()> {
         }
     }
     collect_orphans(api, &world.pods, &owners)?;
-    default_service_accounts(api)
+    namespace_defaults(api, api_ca)
 }
 
-/// The service-account controller's part: a `default` ServiceAccount in every
-/// namespace.
-fn default_service_accounts(api: &Api) -> Result<()> {
+/// What every namespace gets from kube-controller-manager: the `default`
+/// ServiceAccount, and the API server's CA as ConfigMap `kube-root-ca.crt`.
+fn namespace_defaults(api: &Api, api_ca: &Path) -> Result<()> {
+    let ca = std::fs::read_to_string(api_ca).unwrap_or_default();
     for ns in api.list("/api/v1/namespaces")? {
         let ns = name(&ns);
         let path = format!("/api/v1/namespaces/{ns}/serviceaccounts");
         if api.get_opt(&format!("{path}/default"))?.is_none() {
             api.create_if_absent(&path, &super::objects::service_account(ns, "default"))?;
+        }
+        let path = format!("/api/v1/namespaces/{ns}/configmaps");
+        if !ca.is_empty() && api.get_opt(&format!("{path}/kube-root-ca.crt"))?.is_none() {
+            let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "kube-root-ca.crt", "namespace": ns},
+                "data": {"ca.crt": ca}});
+            api.create_if_absent(&path, &cm)?;
         }
     }
     Ok(())
