@@ -18,7 +18,7 @@ build-release:
 # The cluster suites run a second time with the agents in native nftables mode.
 test: setup build
 	$(CARGO) nextest run --workspace --no-fail-fast
-	NATIVE_NFTABLES=true $(CARGO) nextest run -p e2e --test cluster --test no_plaintext --no-fail-fast
+	NATIVE_NFTABLES=true $(CARGO) nextest run -p e2e --test cluster --test no_plaintext --test charts --no-fail-fast
 	manifests/check.sh
 
 lint:

@@ -33,7 +33,26 @@ impl ChildGuard {
         Self::start(name, cmd, true)
     }
 
-    fn start(name: &str, mut cmd: Command, group: bool) -> Result<Self> {
+    /// Like [`ChildGuard::spawn_group`], with stdout and stderr handed to the caller
+    /// as pipes (who keeps the log: a container runtime's job).
+    pub fn spawn_group_piped(
+        name: &str,
+        mut cmd: Command,
+    ) -> Result<(Self, std::process::ChildStdout, std::process::ChildStderr)> {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut guard = Self::start_with(name, cmd, true, false)?;
+        let child = guard.child.as_mut().context("no child")?;
+        let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+            anyhow::bail!("{name}: no pipes");
+        };
+        Ok((guard, out, err))
+    }
+
+    fn start(name: &str, cmd: Command, group: bool) -> Result<Self> {
+        Self::start_with(name, cmd, group, true)
+    }
+
+    fn start_with(name: &str, mut cmd: Command, group: bool, log_to_file: bool) -> Result<Self> {
         if !cmd.get_envs().any(|(k, _)| k == OWNER_ENV) {
             cmd.env(OWNER_ENV, owner_marker());
         }
@@ -41,11 +60,12 @@ impl ChildGuard {
             std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         }
         let log_path = Self::new_log_path(name);
-        let log = std::fs::File::create(&log_path)
-            .with_context(|| format!("creating {}", log_path.display()))?;
-        cmd.stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
+        cmd.stdin(Stdio::null());
+        if log_to_file {
+            let log = std::fs::File::create(&log_path)
+                .with_context(|| format!("creating {}", log_path.display()))?;
+            cmd.stdout(log.try_clone()?).stderr(log);
+        }
         let child = cmd
             .spawn()
             .with_context(|| format!("starting {name}: {cmd:?}"))?;

@@ -144,5 +144,73 @@ fn the_cni_charts_daemonset_runs_the_node_agent_that_enrolls_pods() {
         ],
     );
     assert!(mtls >= 10_000.0, "the bytes crossed HBONE: {mtls}");
+
+    // Upgrade: a changed value rolls the DaemonSet node by node (maxUnavailable 1);
+    // a connection between enrolled pods lives through both agents' replacement.
+    let echo = ["e2e-app", "echo", "--listen", "0.0.0.0:9001"];
+    c.create_pod("m", "echo", 2, "echo", &[], &echo).unwrap();
+    let echo_ip = c.wait_pod_running("m", "echo", T).unwrap().ip;
+    c.wait_redirection("m", "echo", Some("enabled"), T).unwrap();
+    for n in 1..=2 {
+        c.wait_ztunnel_sees_hbone(n, &echo_ip, T).unwrap();
+    }
+    let target = format!("{echo_ip}:9001");
+    let ping = [
+        "e2e-app",
+        "ping",
+        "--connect",
+        &target,
+        "--count",
+        "300",
+        "--interval-ms",
+        "100",
+    ];
+    let mut ping = c.spawn_in_pod("m", "client", &ping).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let old_pods = agent_pods(&c);
+    let mut values = vec!["logLevel=debug".to_owned()];
+    values.push(format!(
+        "nativeNftables={}",
+        e2e::cluster::native_nftables()
+    ));
+    c.install_agent_chart(&values).unwrap();
+    let new_pods = agent_pods(&c);
+    assert_eq!(new_pods.len(), 2);
+    assert!(
+        new_pods.iter().all(|p| !old_pods.contains(p)),
+        "both agents replaced: {old_pods:?} -> {new_pods:?}"
+    );
+    for node in [1u8, 2] {
+        let ns = &c.node(node).ns;
+        wait_for(
+            &format!("node-{node}'s new agent to restore its pods"),
+            T,
+            || {
+                let m = e2e::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
+                let connected = e2e::mesh::metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
+                let restored = e2e::mesh::metric_sum(&m, "istio_cni_pods_enrolled", &[]) >= 1.0;
+                (connected && restored).then_some(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.system_pod_logs()));
+    }
+    let status = ping
+        .wait_timeout(Duration::from_secs(60))
+        .expect("ping finished");
+    assert!(
+        status.success(),
+        "the connection broke during the rollout: {}",
+        ping.log()
+    );
     c.shutdown().unwrap();
+}
+
+/// The names of the agent's pods.
+fn agent_pods(c: &LocalCluster) -> Vec<String> {
+    c.api()
+        .list("/api/v1/namespaces/istio-system/pods?labelSelector=k8s-app%3Distio-cni-node")
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
 }

@@ -667,3 +667,147 @@ spec:
     );
     c.shutdown().unwrap();
 }
+
+#[test]
+fn kubectl_logs_in_every_form() {
+    let Some(c) = cluster("wlog") else { return };
+    let manifest = format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: talker, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: talker}}}}
+  template:
+    metadata:
+      labels: {{app: talker}}
+      annotations: {{kubectl.kubernetes.io/default-container: main}}
+    spec:
+      containers:
+        - {{name: main, image: e2e-app:local, command: [sh, -c, "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done"]}}
+        - {{name: side, image: e2e-app:local, command: [sh, -c, "echo side-hello >&2; sleep 3600"]}}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: greeter, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: greeter}}}}
+  template:
+    metadata: {{labels: {{app: greeter}}}}
+    spec:
+      containers:
+        - {{name: main, image: e2e-app:local, command: [sh, -c, "echo hello from $NODE; sleep 3600"],
+            env: [{{name: NODE, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: crash, namespace: {NS}}}
+spec:
+  nodeName: node-2
+  containers:
+    - {{name: c, image: e2e-app:local, command: [sh, -c, "echo run-$(cat /proc/sys/kernel/random/uuid); sleep 1; exit 1"]}}
+"#
+    );
+    c.kubectl_apply(&manifest).unwrap();
+    c.kubectl(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        "deploy/talker",
+        "--timeout=60s",
+    ])
+    .unwrap();
+    let talker = pods(&c, "app=talker")[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let logs = |args: &[&str]| -> String {
+        let mut argv = vec!["-n", NS, "logs"];
+        argv.extend(args);
+        c.kubectl(&argv)
+            .unwrap_or_else(|e| panic!("kubectl logs {args:?}: {e:#}"))
+    };
+    wait_for("a few ticks", T, || {
+        logs(&[talker.as_str()]).contains("tick 5").then_some(())
+    })
+    .unwrap();
+
+    // The pod, a container, the Deployment and a selector (the default container).
+    assert!(logs(&[talker.as_str()]).starts_with("tick 1\ntick 2\n"));
+    assert_eq!(
+        logs(&[talker.as_str(), "-c", "side"]),
+        "side-hello\n",
+        "stderr is logged too"
+    );
+    assert!(logs(&["deploy/talker"]).starts_with("tick 1\n"));
+    assert!(logs(&["-l", "app=talker"]).contains("tick 3\n"));
+
+    // tailLines, timestamps, limitBytes, sinceSeconds.
+    let tail = logs(&[talker.as_str(), "--tail=2"]);
+    assert_eq!(tail.lines().count(), 2, "{tail}");
+    let stamped = logs(&[talker.as_str(), "--tail=1", "--timestamps"]);
+    let (ts, line) = stamped.trim_end().split_once(' ').unwrap();
+    assert!(
+        time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).is_ok(),
+        "{stamped}"
+    );
+    assert!(line.starts_with("tick"), "{stamped}");
+    assert_eq!(logs(&[talker.as_str(), "--limit-bytes=6"]), "tick 1");
+    let all = logs(&[talker.as_str()]).lines().count();
+    let recent = logs(&[talker.as_str(), "--since=1s"]).lines().count();
+    assert!(
+        (1..all).contains(&recent),
+        "--since=1s: {recent} of {all} lines"
+    );
+
+    // -f streams lines written after the call began.
+    let last_tick = |text: &str| -> u64 {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+            .max()
+            .unwrap_or(0)
+    };
+    let before = last_tick(&logs(&[talker.as_str()]));
+    let out = c
+        .control_plane
+        .ns
+        .command("timeout")
+        .args(["3", "kubectl", "--kubeconfig"])
+        .arg(c.kubeconfig())
+        .args(["-n", NS, "logs", "-f", &talker])
+        .output()
+        .unwrap();
+    let followed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        last_tick(&followed) >= before + 5,
+        "followed up to tick {} (it was at {before} when the call began): {}",
+        last_tick(&followed),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A DaemonSet through its selector: one of its pods.
+    assert!(logs(&["ds/greeter"]).starts_with("hello from node-"));
+
+    // --previous after a restart: the instance before, not this one.
+    wait_for("crash to restart", T, || {
+        (container_status(&c, "crash")["restartCount"].as_u64() >= Some(2)).then_some(())
+    })
+    .unwrap();
+    let previous = logs(&["crash", "--previous"]);
+    let current = logs(&["crash"]);
+    assert!(
+        previous.starts_with("run-") && current.starts_with("run-"),
+        "{previous} {current}"
+    );
+    assert_ne!(previous, current, "each instance has its own log");
+
+    // Errors kubectl users know.
+    let err = c
+        .kubectl(&["-n", NS, "logs", &talker, "-c", "nope"])
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("container nope is not valid"),
+        "{err:#}"
+    );
+    c.shutdown().unwrap();
+}

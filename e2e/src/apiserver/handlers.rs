@@ -31,7 +31,7 @@ const MAX_BODY: usize = 16 * 1024 * 1024;
 pub(super) struct Ctx<'a> {
     pub(super) shared: &'a Arc<Shared>,
     pub(super) route: ResourceRoute,
-    query: Query,
+    pub(super) query: Query,
     accept: String,
     content_type: String,
     /// The `Authorization` header (only SelfSubjectReview reads it: no authentication).
@@ -118,6 +118,9 @@ fn serve_static(shared: &Shared, route: Route, method: &Method) -> Response<Body
 
 async fn dispatch(ctx: &Ctx<'_>, method: &Method) -> ApiResult<Response<Body>> {
     if let Some(served) = tokens::dispatch(ctx, method) {
+        return served;
+    }
+    if let Some(served) = super::pod_logs::dispatch(ctx, method).await {
         return served;
     }
     let r = &ctx.route;

@@ -131,6 +131,30 @@ pub fn apply_create_defaults(rs: &Resource, obj: &mut Value) {
         ("", "pods") => set_if_missing(obj, "/status/phase", "Pending"),
         ("", "services") => set_if_missing(obj, "/spec/type", "ClusterIP"),
         ("", "secrets") => fold_string_data(obj),
+        // The apps/v1 defaults clients rely on (`kubectl rollout status` reads
+        // spec.replicas and the strategy type).
+        ("apps", "deployments") => {
+            set_value_if_missing(obj, "/spec/replicas", json!(1));
+            set_value_if_missing(obj, "/spec/revisionHistoryLimit", json!(10));
+            set_value_if_missing(obj, "/spec/progressDeadlineSeconds", json!(600));
+            set_if_missing(obj, "/spec/strategy/type", "RollingUpdate");
+            if obj.pointer("/spec/strategy/type") == Some(&json!("RollingUpdate")) {
+                set_if_missing(obj, "/spec/strategy/rollingUpdate/maxSurge", "25%");
+                set_if_missing(obj, "/spec/strategy/rollingUpdate/maxUnavailable", "25%");
+            }
+        }
+        ("apps", "daemonsets") => {
+            set_value_if_missing(obj, "/spec/revisionHistoryLimit", json!(10));
+            set_if_missing(obj, "/spec/updateStrategy/type", "RollingUpdate");
+            if obj.pointer("/spec/updateStrategy/type") == Some(&json!("RollingUpdate")) {
+                set_value_if_missing(
+                    obj,
+                    "/spec/updateStrategy/rollingUpdate/maxUnavailable",
+                    json!(1),
+                );
+                set_value_if_missing(obj, "/spec/updateStrategy/rollingUpdate/maxSurge", json!(0));
+            }
+        }
         _ => {}
     }
 }
@@ -158,8 +182,12 @@ pub fn fold_string_data(obj: &mut Value) {
 }
 
 fn set_if_missing(obj: &mut Value, pointer: &str, value: &str) {
+    set_value_if_missing(obj, pointer, json!(value));
+}
+
+fn set_value_if_missing(obj: &mut Value, pointer: &str, value: Value) {
     if obj.pointer(pointer).is_none() {
-        set_path(obj, pointer, json!(value));
+        set_path(obj, pointer, value);
     }
 }
 

@@ -2,12 +2,14 @@
 //! the pod's `restartPolicy` with kubelet's back-off, its probes, its two logs
 //! (this instance and the previous one), its status, and its graceful stop.
 
+use std::path::PathBuf;
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
+use super::container_log::{instance_path, LogFile};
 use super::objects::now_rfc3339;
 use super::probes::Probe;
 use crate::process::ChildGuard;
@@ -50,7 +52,12 @@ pub struct Container {
     pub name: String,
     pub spec: Value,
     log_name: String,
+    /// Where this container's instance logs are kept (`<restart>.log`).
+    log_dir: PathBuf,
     process: Option<ChildGuard>,
+    /// The log of the running (or last) instance, and of the one before it.
+    log: Option<LogFile>,
+    previous: Option<LogFile>,
     started: Option<(String, Instant)>,
     pub restart_count: u32,
     /// `lastState.terminated` after a restart.
@@ -62,7 +69,6 @@ pub struct Container {
     /// When the next start is due (`None`: not to be started).
     start_at: Option<Instant>,
     backoff: Option<Duration>,
-    previous_log: Option<String>,
     pub readiness: Option<Probe>,
     pub liveness: Option<Probe>,
     /// The liveness probe just failed: the exit that follows is its doing.
@@ -72,12 +78,15 @@ pub struct Container {
 }
 
 impl Container {
-    pub fn new(spec: &Value, log_name: String) -> Self {
+    pub fn new(spec: &Value, log_name: String, log_dir: PathBuf) -> Self {
         Container {
             name: spec["name"].as_str().unwrap_or_default().to_owned(),
             spec: spec.clone(),
             log_name,
+            log_dir,
             process: None,
+            log: None,
+            previous: None,
             started: None,
             restart_count: 0,
             last_terminated: None,
@@ -85,7 +94,6 @@ impl Container {
             waiting: Some(("ContainerCreating".into(), String::new())),
             start_at: Some(Instant::now()),
             backoff: None,
-            previous_log: None,
             readiness: None,
             liveness: None,
             killed_by_liveness: false,
@@ -103,15 +111,21 @@ impl Container {
 
     /// What this instance has printed so far (the last one's, once it exited).
     pub fn log(&self) -> String {
-        match &self.process {
-            Some(p) => p.log(),
-            None => self.previous_log.clone().unwrap_or_default(),
-        }
+        self.log.as_ref().map(LogFile::text).unwrap_or_default()
     }
 
     /// What the previous instance printed (`kubectl logs --previous`).
-    pub fn previous_log(&self) -> Option<&str> {
-        self.previous_log.as_deref()
+    pub fn previous_log(&self) -> Option<String> {
+        self.previous.as_ref().map(LogFile::text)
+    }
+
+    /// The log file of this instance, or of the previous one.
+    pub fn log_file(&self, previous: bool) -> Option<&LogFile> {
+        if previous {
+            self.previous.as_ref()
+        } else {
+            self.log.as_ref()
+        }
     }
 
     pub fn start_due(&self, now: Instant) -> bool {
@@ -126,10 +140,11 @@ impl Container {
                 .context("CreateContainerConfigError")?;
             let liveness = Probe::parse(&self.spec, "livenessProbe", started)
                 .context("CreateContainerConfigError")?;
-            let child = ChildGuard::spawn_group(&self.log_name, cmd?)?;
-            Ok((child, readiness, liveness))
+            let (child, out, err) = ChildGuard::spawn_group_piped(&self.log_name, cmd?)?;
+            let log = LogFile::capture(instance_path(&self.log_dir, self.restart_count), out, err)?;
+            Ok((child, readiness, liveness, log))
         })();
-        let (child, readiness, liveness) = match attempt {
+        let (child, readiness, liveness, log) = match attempt {
             Ok(parts) => parts,
             Err(e) => {
                 // kubelet retries a container it cannot create with the same back-off.
@@ -146,6 +161,12 @@ impl Container {
         self.readiness = readiness;
         self.liveness = liveness;
         self.process = Some(child);
+        // kubelet keeps the logs of this instance and of the one before it.
+        if let Some(old) = self.log.replace(log) {
+            if let Some(gone) = self.previous.replace(old) {
+                let _ = std::fs::remove_file(gone.path);
+            }
+        }
         self.started = Some((now_rfc3339(), started));
         self.waiting = None;
         self.terminated = None;
@@ -161,9 +182,7 @@ impl Container {
         let Some(status) = self.process.as_mut().and_then(ChildGuard::try_wait) else {
             return false;
         };
-        let process = self.process.take();
-        self.previous_log = process.as_ref().map(ChildGuard::log);
-        drop(process);
+        drop(self.process.take());
         let (started_at, started) = self
             .started
             .take()
@@ -282,9 +301,7 @@ impl Container {
                 p.kill();
             }
         }
-        if let Some(p) = self.process.take() {
-            self.previous_log = Some(p.log());
-        }
+        drop(self.process.take());
         self.start_at = None;
     }
 }
@@ -297,6 +314,17 @@ mod tests {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", script]);
         Ok(cmd)
+    }
+
+    fn log_dir() -> PathBuf {
+        // Kept for the test process's life: the logs are read after the exit.
+        tempfile::tempdir().unwrap().keep()
+    }
+
+    fn wait_log(c: &Container) {
+        while !c.log_file(false).is_some_and(LogFile::finished) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     fn wait_exit(c: &mut Container, policy: RestartPolicy) {
@@ -312,6 +340,7 @@ mod tests {
         let mut c = Container::new(
             &json!({"name": "c", "image": "e2e-app"}),
             "unit-crash".into(),
+            log_dir(),
         );
         assert!(c.start_due(Instant::now()));
         c.start(sh("echo first; exit 3")).unwrap();
@@ -320,7 +349,9 @@ mod tests {
         assert_eq!(status["restartCount"], 1);
         assert_eq!(status["lastState"]["terminated"]["exitCode"], 3);
         assert_eq!(status["state"]["waiting"]["reason"], "CrashLoopBackOff");
-        assert_eq!(c.previous_log(), Some("first\n"));
+        wait_log(&c);
+        assert_eq!(c.log(), "first\n", "the last instance's, while it waits");
+        assert_eq!(c.previous_log(), None);
         assert!(
             c.start_due(Instant::now()),
             "the first restart is immediate"
@@ -334,19 +365,21 @@ mod tests {
             "the second waits its back-off"
         );
         assert!(c.start_due(Instant::now() + BACKOFF_START));
-        assert_eq!(c.previous_log(), Some("second\n"));
+        wait_log(&c);
+        assert_eq!(c.log(), "second\n");
+        assert_eq!(c.previous_log().as_deref(), Some("first\n"));
     }
 
     #[test]
     fn policies_decide_what_runs_again() {
-        let mut c = Container::new(&json!({"name": "c"}), "unit-ok".into());
+        let mut c = Container::new(&json!({"name": "c"}), "unit-ok".into(), log_dir());
         c.start(sh("exit 0")).unwrap();
         wait_exit(&mut c, RestartPolicy::OnFailure);
         assert_eq!(c.restart_count, 0);
         assert_eq!(c.status()["state"]["terminated"]["reason"], "Completed");
         assert!(!c.start_due(Instant::now() + BACKOFF_CAP));
 
-        let mut c = Container::new(&json!({"name": "c"}), "unit-never".into());
+        let mut c = Container::new(&json!({"name": "c"}), "unit-never".into(), log_dir());
         c.start(sh("exit 2")).unwrap();
         wait_exit(&mut c, RestartPolicy::Never);
         assert_eq!(c.status()["state"]["terminated"]["exitCode"], 2);
@@ -354,7 +387,7 @@ mod tests {
 
     #[test]
     fn a_graceful_stop_lets_the_container_handle_sigterm() {
-        let mut c = Container::new(&json!({"name": "c"}), "unit-term".into());
+        let mut c = Container::new(&json!({"name": "c"}), "unit-term".into(), log_dir());
         c.start(sh(
             "trap 'echo bye; exit 0' TERM; while true; do sleep 0.05; done",
         ))
@@ -363,6 +396,7 @@ mod tests {
         c.signal_stop();
         c.finish_stop(Instant::now() + Duration::from_secs(5));
         assert!(!c.running());
+        wait_log(&c);
         assert!(c.log().contains("bye"), "{}", c.log());
     }
 }

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use super::api::{query_escape, Api};
 use super::cni::{self, NetConfList, Runtime};
 use super::containers::{Container, RestartPolicy};
+use super::kubelet_server::{KubeletServer, LogLookup, KUBELET_PORT};
 use super::objects::{now_rfc3339, pod_event};
 use super::probes::HttpGet;
 use super::volumes::PodVolumes;
@@ -121,6 +122,8 @@ type Pods = Arc<Mutex<HashMap<String, Entry>>>;
 
 /// The kubelet thread of one node; stops (killing its pods) when dropped.
 pub struct Kubelet {
+    /// Its HTTP endpoint (logs), stopped first.
+    server: Option<KubeletServer>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     pods: Pods,
@@ -128,18 +131,23 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
-    pub fn start(api: Api, node: NodeInfo) -> Self {
+    /// Starts the kubelet of `node`, with its HTTP endpoint on the node's address.
+    pub fn start(api: Api, node: NodeInfo) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let pods: Pods = Arc::default();
         let teardowns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let addr = std::net::SocketAddr::new(node.host_ip.parse()?, KUBELET_PORT);
+        let netns = PathBuf::from("/var/run/netns").join(&node.host_netns);
+        let server = KubeletServer::start(&netns, addr, log_lookup(pods.clone()))?;
         let (s, p, t) = (stop.clone(), pods.clone(), teardowns.clone());
         let thread = std::thread::spawn(move || sync_loop(api, node, s, p, t));
-        Kubelet {
+        Ok(Kubelet {
+            server: Some(server),
             stop,
             thread: Some(thread),
             pods,
             teardowns,
-        }
+        })
     }
 
     /// The running pod `namespace/name`, once its sandbox exists.
@@ -197,7 +205,7 @@ impl Kubelet {
             None => containers.first()?,
         };
         if previous {
-            c.previous_log().map(str::to_owned)
+            c.previous_log()
         } else {
             Some(c.log())
         }
@@ -228,6 +236,7 @@ impl Kubelet {
 
 impl Drop for Kubelet {
     fn drop(&mut self) {
+        drop(self.server.take());
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -248,6 +257,58 @@ impl Drop for Kubelet {
             drop(e.sandbox.lock().ok().and_then(|mut s| s.take()));
         }
     }
+}
+
+/// How the kubelet's endpoint finds a container's log, with kubelet's messages.
+fn log_lookup(pods: Pods) -> Arc<LogLookup> {
+    Arc::new(move |namespace, name, container, previous| {
+        let pods = pods
+            .lock()
+            .map_err(|_| (500, "kubelet state lost".to_owned()))?;
+        let entry = pods
+            .values()
+            .find(|e| e.namespace == namespace && e.name == name)
+            .ok_or_else(|| (404, format!("pod \"{name}\" not found\n")))?;
+        let sandbox = entry
+            .sandbox
+            .lock()
+            .map_err(|_| (500, "kubelet state lost".to_owned()))?;
+        let waiting = |reason: &str| {
+            (
+                400,
+                format!(
+                    "container \"{container}\" in pod \"{name}\" is waiting to start: {reason}\n"
+                ),
+            )
+        };
+        let sandbox = sandbox
+            .as_ref()
+            .ok_or_else(|| waiting("ContainerCreating"))?;
+        let c = sandbox
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .ok_or_else(|| {
+                (
+                    400,
+                    format!("container {container} is not valid for pod {name}\n"),
+                )
+            })?;
+        match c.log_file(previous) {
+            Some(log) => Ok(log.clone()),
+            None if previous => Err((
+                400,
+                format!(
+                    "previous terminated container \"{container}\" in pod \"{name}\" not found\n"
+                ),
+            )),
+            None => Err(waiting(
+                c.status()["state"]["waiting"]["reason"]
+                    .as_str()
+                    .unwrap_or("ContainerCreating"),
+            )),
+        }
+    })
 }
 
 fn sync_loop(
@@ -516,7 +577,14 @@ fn create_sandbox(api: &Api, node: &NodeInfo, pod: &Value, seq: u64) -> Result<S
         .into_iter()
         .flatten()
         .enumerate()
-        .map(|(i, spec)| Container::new(spec, format!("{}-{namespace}-{name}-{i}", node.tag)))
+        .map(|(i, spec)| {
+            let log_name = format!("{}-{namespace}-{name}-{i}", node.tag);
+            // kubelet's /var/log/pods/<namespace>_<name>_<uid>/<container>/.
+            let log_dir = dir
+                .join("logs")
+                .join(spec["name"].as_str().unwrap_or_default());
+            Container::new(spec, log_name, log_dir)
+        })
         .collect();
     Ok(Sandbox {
         containers,

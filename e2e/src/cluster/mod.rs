@@ -16,10 +16,12 @@ pub mod api;
 pub mod apiserver_proc;
 pub mod cni;
 pub mod container_env;
+pub mod container_log;
 pub mod containers;
 pub mod controllers;
 pub mod images;
 pub mod kubelet;
+pub mod kubelet_server;
 pub mod node;
 pub mod objects;
 pub mod probes;
@@ -235,7 +237,7 @@ impl LocalCluster {
                 },
                 api_addr: apiserver_proc::api_addr(),
             };
-            cluster.kubelets.push(Kubelet::start(cluster.api(), info));
+            cluster.kubelets.push(Kubelet::start(cluster.api(), info)?);
         }
         cluster.controllers = Some(Controllers::start(
             cluster.api(),
@@ -415,11 +417,15 @@ impl LocalCluster {
 
     /// `kubectl apply -f -` with `manifest` on stdin.
     pub fn kubectl_apply(&self, manifest: &str) -> Result<String> {
-        self.kubectl_apply_in("default", manifest)
+        self.apply(None, manifest)
     }
 
-    /// `kubectl -n namespace apply -f -` with `manifest` on stdin.
+    /// `kubectl -n namespace apply -f -`: objects without a namespace go there.
     pub fn kubectl_apply_in(&self, namespace: &str, manifest: &str) -> Result<String> {
+        self.apply(Some(namespace), manifest)
+    }
+
+    fn apply(&self, namespace: Option<&str>, manifest: &str) -> Result<String> {
         use std::io::Write;
         let mut child = self
             .control_plane
@@ -427,7 +433,8 @@ impl LocalCluster {
             .command("kubectl")
             .arg("--kubeconfig")
             .arg(self.kubeconfig())
-            .args(["-n", namespace, "apply", "-f", "-"])
+            .args(namespace.map(|ns| ["-n", ns]).into_iter().flatten())
+            .args(["apply", "-f", "-"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

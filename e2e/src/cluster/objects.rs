@@ -100,6 +100,7 @@ pub fn node(name: &str, ips: &[String], pod_cidrs: &[String]) -> Value {
         "spec": {"podCIDR": pod_cidrs.first(), "podCIDRs": pod_cidrs},
         "status": {
             "addresses": addresses,
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": super::kubelet_server::KUBELET_PORT}},
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                             "lastHeartbeatTime": now, "lastTransitionTime": now}],
             "nodeInfo": {"kubeletVersion": "v1.33.0-e2e", "containerRuntimeVersion": "e2e://netns",
