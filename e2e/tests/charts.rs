@@ -105,6 +105,11 @@ fn the_cni_charts_daemonset_runs_the_node_agent_that_enrolls_pods() {
         assert_eq!(p["status"]["podIP"], p["status"]["hostIP"], "hostNetwork");
     }
 
+    // The command the plugin's errors suggest works: the agent's pods log.
+    let logs = c
+        .kubectl(&["-n", "istio-system", "logs", "ds/istio-cni-node"])
+        .unwrap();
+    assert!(logs.contains("cni_agent"), "the agent's log: {logs}");
     c.create_namespace("m", &[("istio.io/dataplane-mode", "ambient")])
         .unwrap();
     c.wait_ztunnels_ready(T).unwrap();

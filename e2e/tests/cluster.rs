@@ -623,6 +623,75 @@ fn pods_fail_closed_while_ztunnel_is_down() {
         c.pod("m", "late").is_none(),
         "an ambient pod started without ztunnel"
     );
+    // What a user sees with kubectl: why the pod waits, from the kubelet and the agent.
+    let agent_event = wait_for("the agent's Warning event", T, || {
+        let ev = c.pod_events("m", "late").ok()?;
+        ev.into_iter()
+            .find(|(reason, _)| reason == "AmbientEnrollmentFailed")
+    })
+    .unwrap();
+    let table = c
+        .kubectl(&["-n", "m", "get", "pod", "late", "--no-headers"])
+        .unwrap();
+    assert_eq!(
+        table.split_whitespace().nth(2),
+        Some("ContainerCreating"),
+        "{table}"
+    );
+    let describe = c.kubectl(&["-n", "m", "describe", "pod", "late"]).unwrap();
+    for wanted in [
+        "Warning  FailedCreatePodSandBox",
+        "Warning  AmbientEnrollmentFailed",
+    ] {
+        assert!(
+            describe.contains(wanted),
+            "{wanted} missing from describe:\n{describe}"
+        );
+    }
+    assert!(describe.contains(&agent_event.1[..40]), "{describe}");
+    let all = c.kubectl(&["get", "events", "-A"]).unwrap();
+    assert!(
+        all.contains("AmbientEnrollmentFailed") && all.contains("pod/late"),
+        "{all}"
+    );
+    let selected = c
+        .kubectl(&[
+            "-n",
+            "m",
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=late",
+        ])
+        .unwrap();
+    assert!(selected.contains("pod/late"), "{selected}");
+    let other = c
+        .kubectl(&[
+            "-n",
+            "m",
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=server",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert!(other.trim().is_empty(), "the selector filters: {other}");
+    let new_api = c
+        .kubectl(&["-n", "m", "get", "events.v1.events.k8s.io", "-o", "json"])
+        .unwrap();
+    let new_api: serde_json::Value = serde_json::from_str(&new_api).unwrap();
+    assert!(
+        new_api["items"].as_array().into_iter().flatten().any(|e| {
+            e["regarding"]["name"] == "late"
+                && e["reason"] == "AmbientEnrollmentFailed"
+                && e["note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("ambient enrollment failed"))
+        }),
+        "events.k8s.io/v1 serves the same events: {new_api}"
+    );
     c.node_mut(1).start_ztunnel().unwrap();
     c.wait_pod_running("m", "late", Duration::from_secs(60))
         .unwrap();

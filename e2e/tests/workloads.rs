@@ -393,6 +393,29 @@ spec:
         (container_status(&c, "probed")["restartCount"] == 1).then_some(())
     })
     .unwrap();
+    // The kubelet's events say what happened, as kubectl shows them.
+    let crasher_events = c
+        .kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=crasher",
+        ])
+        .unwrap();
+    for reason in ["Started", "BackOff"] {
+        assert!(
+            crasher_events.contains(reason),
+            "{reason}:\n{crasher_events}"
+        );
+    }
+    let describe = wait_for("the liveness events", T, || {
+        let d = c.kubectl(&["-n", NS, "describe", "pod", "probed"]).ok()?;
+        (d.contains("Liveness probe failed") && d.contains("Killing")).then_some(d)
+    })
+    .unwrap();
+    assert!(describe.contains("Unhealthy"), "{describe}");
     wait_for("probed to be Ready again", T, || {
         ready(&pod_json(&c, "probed")).then_some(())
     })

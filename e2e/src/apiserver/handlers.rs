@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::discovery;
 use super::errors::{ApiError, ApiResult};
+use super::event_versions;
 use super::meta;
 use super::openapi;
 use super::patch::Patch;
@@ -166,6 +167,13 @@ fn filter(query: &Query) -> ApiResult<Filter> {
 
 /// An object as sent to clients: `apiVersion` and `kind` of the requested version first.
 pub fn present(rs: &Resource, version: &str, obj: &Value) -> Value {
+    let converted;
+    let obj = if rs.group == "events.k8s.io" {
+        converted = event_versions::to_events_v1(obj);
+        &converted
+    } else {
+        obj
+    };
     let mut out = Map::new();
     out.insert("apiVersion".into(), json!(rs.api_version(version)));
     out.insert("kind".into(), json!(rs.kind));
@@ -239,7 +247,16 @@ fn list(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
 fn body_object(ctx: &Ctx<'_>) -> ApiResult<Value> {
     let value = decode_body(ctx)?;
     check_shape(ctx, &value)?;
-    Ok(value)
+    Ok(to_storage(ctx.route.rs, value))
+}
+
+/// An object of `rs` in the form it is stored in (Events: the core form).
+fn to_storage(rs: &Resource, value: Value) -> Value {
+    if rs.group == "events.k8s.io" {
+        event_versions::to_core(&value)
+    } else {
+        value
+    }
 }
 
 /// The request body decoded by its Content-Type (JSON, YAML or kubectl's protobuf).
@@ -422,9 +439,15 @@ fn patch(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
                 }
                 (None, _) => Err(ApiError::not_found(rs.plural, &name)),
                 (Some(old), patch) => {
-                    let patched = patch
-                        .apply_to(old)
-                        .map_err(|e| ApiError::invalid(rs.kind, &name, e))?;
+                    // A patch is written against the form the client sees.
+                    let patched = if rs.group == "events.k8s.io" {
+                        patch
+                            .apply_to(&event_versions::to_events_v1(old))
+                            .map(|p| event_versions::to_core(&p))
+                    } else {
+                        patch.apply_to(old)
+                    };
+                    let patched = patched.map_err(|e| ApiError::invalid(rs.kind, &name, e))?;
                     if !patched.is_object() {
                         return Err(ApiError::invalid(
                             rs.kind,

@@ -28,6 +28,7 @@
 
 mod discovery;
 mod errors;
+mod event_versions;
 mod handlers;
 mod meta;
 mod openapi;

@@ -39,9 +39,13 @@ impl Resource {
         self.versions.contains(&version)
     }
 
-    /// Storage identity: the group and plural, independent of version.
+    /// Storage identity: the group and plural, independent of version (and of the
+    /// group for Events, stored once and served by core/v1 and events.k8s.io/v1).
     pub fn storage_key(&self) -> (&'static str, &'static str) {
-        (self.group, self.plural)
+        match (self.group, self.plural) {
+            ("events.k8s.io", "events") => ("", "events"),
+            key => key,
+        }
     }
 }
 
@@ -97,6 +101,7 @@ pub static RESOURCES: &[Resource] = &[
     res("", V1, "events", "event", "Event", true, &["ev"], false),
     res("", V1, "configmaps", "configmap", "ConfigMap", true, &["cm"], false),
     res("", V1, "secrets", "secret", "Secret", true, &[], false),
+    res("events.k8s.io", V1, "events", "event", "Event", true, &[], false),
     res("apps", V1, "daemonsets", "daemonset", "DaemonSet", true, &["ds"], true),
     res("apps", V1, "deployments", "deployment", "Deployment", true, &["deploy"], true),
     res("discovery.k8s.io", V1, "endpointslices", "endpointslice", "EndpointSlice", true, &[], false),

@@ -69,9 +69,10 @@ struct Key {
 
 impl Key {
     fn new(rs: &'static Resource, namespace: &str, name: &str) -> Self {
+        let (group, plural) = rs.storage_key();
         Key {
-            group: rs.group,
-            plural: rs.plural,
+            group,
+            plural,
             namespace: if rs.namespaced {
                 namespace.to_string()
             } else {

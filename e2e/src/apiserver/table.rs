@@ -111,6 +111,39 @@ fn columns(rs: &Resource) -> Vec<Column> {
             },
             age,
         ],
+        // `kubectl get events`: what happened to which object, and when last.
+        ("", "events") => vec![
+            Column {
+                name: "Last Seen",
+                kind: "string",
+                priority: 0,
+                cell: event_last_seen,
+            },
+            Column {
+                name: "Type",
+                kind: "string",
+                priority: 0,
+                cell: |o| str_at(o, "/type", ""),
+            },
+            Column {
+                name: "Reason",
+                kind: "string",
+                priority: 0,
+                cell: |o| str_at(o, "/reason", ""),
+            },
+            Column {
+                name: "Object",
+                kind: "string",
+                priority: 0,
+                cell: event_object,
+            },
+            Column {
+                name: "Message",
+                kind: "string",
+                priority: 0,
+                cell: |o| str_at(o, "/message", ""),
+            },
+        ],
         ("apps", "daemonsets") => vec![
             name,
             Column {
@@ -175,8 +208,40 @@ fn int_at(o: &Value, pointer: &str) -> Value {
 }
 
 fn age(o: &Value) -> Value {
+    since(o, "/metadata/creationTimestamp")
+}
+
+fn event_last_seen(o: &Value) -> Value {
+    for at in [
+        "/lastTimestamp",
+        "/eventTime",
+        "/metadata/creationTimestamp",
+    ] {
+        if o.pointer(at).and_then(Value::as_str).is_some() {
+            return since(o, at);
+        }
+    }
+    json!("<unknown>")
+}
+
+/// `pod/name`, as kubectl names an event's object.
+fn event_object(o: &Value) -> Value {
+    let kind = o
+        .pointer("/involvedObject/kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let name = o
+        .pointer("/involvedObject/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    json!(format!("{kind}/{name}"))
+}
+
+/// The time since the timestamp at `pointer`, as kubectl prints ages.
+fn since(o: &Value, pointer: &str) -> Value {
     let Some(secs) = o
-        .pointer("/metadata/creationTimestamp")
+        .pointer(pointer)
         .and_then(Value::as_str)
         .and_then(meta::age_seconds)
     else {
@@ -209,11 +274,39 @@ fn pod_ready(o: &Value) -> Value {
     json!(format!("{ready}/{total}"))
 }
 
+/// kubectl's STATUS: the phase (or `status.reason`), overridden by a container's
+/// waiting or terminated reason (`ContainerCreating`, `CrashLoopBackOff`, `Error`).
 fn pod_status(o: &Value) -> Value {
     if o.pointer("/metadata/deletionTimestamp").is_some() {
         return json!("Terminating");
     }
-    str_at(o, "/status/phase", "Unknown")
+    let mut reason = o
+        .pointer("/status/reason")
+        .or_else(|| o.pointer("/status/phase"))
+        .and_then(Value::as_str)
+        .unwrap_or("Unknown")
+        .to_owned();
+    let mut running = false;
+    for c in container_statuses(o).iter().rev() {
+        let state = &c["state"];
+        if let Some(waiting) = state["waiting"]["reason"]
+            .as_str()
+            .filter(|r| !r.is_empty())
+        {
+            reason = waiting.to_owned();
+        } else if let Some(done) = state["terminated"]["reason"]
+            .as_str()
+            .filter(|r| !r.is_empty())
+        {
+            reason = done.to_owned();
+        } else if state["running"].is_object() && c["ready"] == true {
+            running = true;
+        }
+    }
+    if reason == "Completed" && running {
+        reason = "Running".into();
+    }
+    json!(reason)
 }
 
 fn pod_restarts(o: &Value) -> Value {

@@ -20,7 +20,7 @@ use super::api::{query_escape, Api};
 use super::cni::{self, NetConfList, Runtime};
 use super::containers::{Container, RestartPolicy};
 use super::kubelet_server::{KubeletServer, LogLookup, KUBELET_PORT};
-use super::objects::{now_rfc3339, pod_event};
+use super::objects::{kubelet_event, now_rfc3339, pod_event};
 use super::probes::HttpGet;
 use super::volumes::PodVolumes;
 use super::{container_env, images, runtime};
@@ -409,8 +409,9 @@ fn run_pod(
     seq: &AtomicU64,
 ) {
     let pod = &with_api_access(api, pod);
+    // ContainerCreating while the sandbox is made (a gated CNI ADD may wait long).
+    let _ = api.merge_patch(&status_path(pod), &waiting_status(pod, node));
     let mut backoff = BACKOFF_START;
-    let mut reported_waiting = false;
     while !cancel.load(Ordering::SeqCst) {
         match create_sandbox(api, node, pod, seq.fetch_add(1, Ordering::Relaxed)) {
             Ok(sandbox) => {
@@ -430,20 +431,7 @@ fn run_pod(
                         format!("Failed to create pod sandbox: {message}"),
                     )
                 };
-                let event = pod_event(
-                    pod,
-                    &node.name,
-                    reason,
-                    &message,
-                    seq.fetch_add(1, Ordering::Relaxed),
-                );
-                let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
-                let _ = api.post(&format!("/api/v1/namespaces/{namespace}/events"), &event);
-                if !reported_waiting {
-                    reported_waiting = api
-                        .merge_patch(&status_path(pod), &waiting_status(pod, node))
-                        .is_ok();
-                }
+                post_event(api, node, pod, true, reason, &message);
                 let deadline = std::time::Instant::now() + backoff;
                 while std::time::Instant::now() < deadline && !cancel.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
@@ -479,6 +467,8 @@ fn supervise(
     let mut reported = Value::Null;
     while !cancel.load(Ordering::SeqCst) {
         let now = Instant::now();
+        // (Warning?, reason, message): posted once the lock is released.
+        let mut events: Vec<(bool, &str, String)> = Vec::new();
         // Exits and starts, then the probes that are due, without holding the lock
         // while a probe waits.
         let (due, pod_ip) = {
@@ -489,11 +479,20 @@ fn supervise(
             for i in 0..sandbox.containers.len() {
                 let c = &mut sandbox.containers[i];
                 c.enforce_kill(now);
-                c.reap(policy, &pod_ref);
+                if c.reap(policy, &pod_ref) && c.restart_count > 1 {
+                    let message = format!("Back-off restarting failed container {}", c.name);
+                    events.push((true, "BackOff", message));
+                }
                 if c.start_due(now) {
                     let cmd =
                         container_command(api, node, sandbox, pod, &sandbox.containers[i].spec);
-                    let _ = sandbox.containers[i].start(cmd);
+                    let c = &mut sandbox.containers[i];
+                    match c.start(cmd) {
+                        Ok(()) => {
+                            events.push((false, "Started", format!("Started container {}", c.name)))
+                        }
+                        Err(e) => events.push((true, "Failed", format!("Error: {e:#}"))),
+                    }
                 }
             }
             let due: Vec<(usize, bool, HttpGet, Duration)> = sandbox
@@ -533,17 +532,41 @@ fn supervise(
                 let Some(probe) = probe.as_mut() else {
                     continue;
                 };
-                if probe.record(result, now) && liveness && probe.passing == Some(false) {
-                    c.kill_for_liveness(grace);
+                if probe.record(result, now) && probe.passing == Some(false) {
+                    let kind = if liveness { "Liveness" } else { "Readiness" };
+                    let why = probe.last_error.clone().unwrap_or_default();
+                    events.push((true, "Unhealthy", format!("{kind} probe failed: {why}")));
+                    if liveness {
+                        let message = format!(
+                            "Container {} failed liveness probe, will be restarted",
+                            c.name
+                        );
+                        events.push((false, "Killing", message));
+                        c.kill_for_liveness(grace);
+                    }
                 }
             }
             pod_status(node, sandbox, policy, &mut conditions)
         };
+        for (warning, reason, message) in events {
+            post_event(api, node, pod, warning, reason, &message);
+        }
         if status != reported && api.merge_patch(&status_path(pod), &status).is_ok() {
             reported = status;
         }
         std::thread::sleep(SUPERVISE_TICK);
     }
+}
+
+/// An event about `pod` from this kubelet.
+fn post_event(api: &Api, node: &NodeInfo, pod: &Value, warning: bool, reason: &str, message: &str) {
+    let event = if warning {
+        pod_event(pod, &node.name, reason, message)
+    } else {
+        kubelet_event(pod, &node.name, reason, message)
+    };
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+    let _ = api.post(&format!("/api/v1/namespaces/{namespace}/events"), &event);
 }
 
 /// `terminationGracePeriodSeconds` (default 30 s).

@@ -130,19 +130,26 @@ pub fn daemonset(namespace: &str, name: &str, app: &str, nodes: usize) -> Value 
 }
 
 /// A Warning event about `pod` from `node`'s kubelet.
-pub fn pod_event(pod: &Value, node: &str, reason: &str, message: &str, seq: u64) -> Value {
+pub fn pod_event(pod: &Value, node: &str, reason: &str, message: &str) -> Value {
+    let mut event = kubelet_event(pod, node, reason, message);
+    event["type"] = json!("Warning");
+    event
+}
+
+/// A Normal event about `pod` from `node`'s kubelet (Started, Killing).
+pub fn kubelet_event(pod: &Value, node: &str, reason: &str, message: &str) -> Value {
     let meta = &pod["metadata"];
     let name = meta["name"].as_str().unwrap_or_default();
     let now = now_rfc3339();
     json!({
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": format!("{name}.{:x}{seq:04x}", std::process::id()), "namespace": meta["namespace"]},
+        "metadata": {"generateName": format!("{name}."), "namespace": meta["namespace"]},
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
                            "namespace": meta["namespace"], "uid": meta["uid"]},
         "reason": reason,
         "message": message,
-        "type": "Warning",
+        "type": "Normal",
         "count": 1,
         "firstTimestamp": now,
         "lastTimestamp": now,
