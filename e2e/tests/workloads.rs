@@ -311,6 +311,19 @@ fn container_status(c: &LocalCluster, name: &str) -> Value {
     pod_json(c, name)["status"]["containerStatuses"][0].clone()
 }
 
+/// Waits until pod `name`'s container waits with `reason`; its message.
+fn waiting_message(c: &LocalCluster, name: &str, reason: &str) -> String {
+    let status = wait_for(reason, T, || {
+        let s = container_status(c, name);
+        (s["state"]["waiting"]["reason"] == reason).then_some(s)
+    })
+    .unwrap();
+    status["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 #[test]
 fn containers_restart_by_policy_and_probes_drive_ready_and_restarts() {
     let Some(c) = cluster("wrs") else { return };
@@ -523,18 +536,8 @@ spec:
     );
 
     // A missing ConfigMap: the container waits with kubelet's reason.
-    let waiting = wait_for("CreateContainerConfigError", T, || {
-        let s = container_status(&c, "missing");
-        (s["state"]["waiting"]["reason"] == "CreateContainerConfigError").then_some(s)
-    })
-    .unwrap();
-    assert!(
-        waiting["state"]["waiting"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("absent"),
-        "{waiting}"
-    );
+    let message = waiting_message(&c, "missing", "CreateContainerConfigError");
+    assert!(message.contains("absent"), "{message}");
 
     // Deletion: preStop runs, then SIGTERM, which the container handles.
     c.kubectl(&["-n", NS, "delete", "pod", "env"]).unwrap();
@@ -676,18 +679,8 @@ spec:
         );
     }
     // The mesh's image is distroless: no shell to run.
-    let waiting = wait_for("distroless to refuse sh", T, || {
-        let s = container_status(&c, "distroless");
-        (s["state"]["waiting"]["reason"] == "CreateContainerError").then_some(s)
-    })
-    .unwrap();
-    assert!(
-        waiting["state"]["waiting"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("not found in image"),
-        "{waiting}"
-    );
+    let message = waiting_message(&c, "distroless", "CreateContainerError");
+    assert!(message.contains("not found in image"), "{message}");
     c.shutdown().unwrap();
 }
 

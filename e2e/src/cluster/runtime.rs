@@ -182,6 +182,12 @@ pub fn command(
         script.push(' ');
     }
     script.push_str("\"$@\"\n");
+    Ok(in_mount_namespace(outer, &script, "container", argv))
+}
+
+/// `outer` running `sh -c script` in a mount namespace of its own (a slave of the
+/// host's), with `argv` as the script's `"$@"`.
+fn in_mount_namespace(mut outer: Command, script: &str, name: &str, argv: &[String]) -> Command {
     outer
         .args([
             "unshare",
@@ -193,9 +199,9 @@ pub fn command(
             "-c",
         ])
         .arg(script)
-        .arg("container")
+        .arg(name)
         .args(argv);
-    Ok(outer)
+    outer
 }
 
 /// `argv` in a mount namespace of its own where each of the node's directories in
@@ -214,20 +220,7 @@ pub fn node_view(mut outer: Command, binds: &[(PathBuf, String)], argv: &[String
         script += &format!("mkdir -p {at}\nmount --bind {host} {at}\n");
     }
     script.push_str("exec \"$@\"\n");
-    outer
-        .args([
-            "unshare",
-            "--mount",
-            "--propagation",
-            "slave",
-            "--",
-            "sh",
-            "-c",
-        ])
-        .arg(script)
-        .arg("node")
-        .args(argv);
-    outer
+    in_mount_namespace(outer, &script, "node", argv)
 }
 
 fn rootfs_script(fs: &Rootfs) -> Result<String> {
