@@ -150,6 +150,21 @@ fn the_cni_charts_daemonset_runs_the_node_agent_that_enrolls_pods() {
     );
     assert!(mtls >= 10_000.0, "the bytes crossed HBONE: {mtls}");
 
+    // Every command `make demo-up` prints works here, in a root shell.
+    let commands = c.try_it_commands().unwrap();
+    let (alias, lines) = commands.split_first().unwrap();
+    for line in lines {
+        let script = format!("set -e\n{alias}\n{line}\n");
+        wait_for(line, T, || {
+            let out = std::process::Command::new("bash")
+                .args(["-O", "expand_aliases", "-c", &script])
+                .output()
+                .ok()?;
+            out.status.success().then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
     // Upgrade: a changed value rolls the DaemonSet node by node (maxUnavailable 1);
     // a connection between enrolled pods lives through both agents' replacement.
     let echo = ["e2e-app", "echo", "--listen", "0.0.0.0:9001"];

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use e2e::cluster::LocalCluster;
+use e2e::cluster::{LocalCluster, Topology};
 use e2e::mesh::{metric_sum, ztunnel_metrics};
 use e2e::process::wait_for;
 
@@ -37,11 +37,15 @@ fn main() -> Result<()> {
         return standalone_demo();
     }
     step("Building a 2-node Kubernetes cluster in network namespaces");
-    let cluster = if args.dual_stack {
-        LocalCluster::dual_stack("demo")?
-    } else {
-        LocalCluster::start("demo")?
-    };
+    // The node agent comes from the cni chart, as a Helm user installs it.
+    let cluster = LocalCluster::with_topology(
+        "demo",
+        Topology {
+            dual_stack: args.dual_stack,
+            agent_chart_values: Some(Vec::new()),
+            ..Topology::default()
+        },
+    )?;
     println!(
         "   control plane: kube-apiserver-lite on {} in namespace {}",
         e2e::cluster::API_ADDR,
@@ -53,7 +57,7 @@ fn main() -> Result<()> {
     );
     for node in &cluster.nodes {
         println!(
-            "   {}: namespace {}, pods {} on bridge cni0 (made by the CNI bridge plugin), running cni-agent + ztunnel",
+            "   {}: namespace {}, pods {} on bridge cni0 (made by the CNI bridge plugin), running cni-agent (a pod of DaemonSet istio-cni-node, from the cni chart) + ztunnel",
             node.name,
             node.ns.name(),
             node.pod_cidrs().join(" and ")
@@ -412,16 +416,11 @@ fn pod_facts(c: &LocalCluster, name: &str) -> Result<String> {
 
 /// `--up`: how to use the cluster, then wait for Ctrl-C (or SIGTERM).
 fn keep_up(c: &LocalCluster) -> Result<()> {
-    let node1 = c.node(1).ns.name();
-    let istioctl = e2e::mesh::binary("istioctl-lite")?;
     step("The cluster is up. Paste these in another root shell:");
-    println!("   alias k='{}'", c.kubectl_prefix());
-    println!("   k get nodes,pods -A -o wide");
-    println!("   k label namespace default istio.io/dataplane-mode=ambient");
-    println!("   k run is not available (no images): create pods whose command is e2e-app, e.g.");
-    println!("     k apply -f - <<< '{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"s\"}},\"spec\":{{\"nodeName\":\"node-2\",\"containers\":[{{\"name\":\"s\",\"image\":\"x\",\"command\":[\"e2e-app\",\"sink\",\"--listen\",\"0.0.0.0:9000\"]}}]}}}}'");
-    println!("   ip netns exec {node1} {} --kubeconfig {} ztunnel-config workloads --ztunnel-admin 127.0.0.1:15000", istioctl.display(), c.kubeconfig().display());
-    println!("   ip netns exec {} {} --kubeconfig {} proxy-status --xds-address {} --xds-san istiod.istio-system.svc", c.control_plane.ns.name(), istioctl.display(), c.kubeconfig().display(), e2e::cluster::ISTIOD_ADDR);
+    for command in c.try_it_commands()? {
+        println!("   {command}");
+    }
+    println!("   (k run is not available, there is no registry: pods use image e2e-app:local)");
     println!(
         "   (the API server listens only inside the cluster's namespaces, hence `ip netns exec`)"
     );

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use super::container_log::{instance_path, LogFile};
+use super::images::UnknownImage;
 use super::objects::now_rfc3339;
 use super::probes::Probe;
 use crate::process::ChildGuard;
@@ -148,7 +149,9 @@ impl Container {
             Ok(parts) => parts,
             Err(e) => {
                 // kubelet retries a container it cannot create with the same back-off.
-                let reason = if format!("{e:#}").contains("CreateContainerConfigError") {
+                let reason = if e.chain().any(|c| c.is::<UnknownImage>()) {
+                    "ErrImagePull"
+                } else if format!("{e:#}").contains("CreateContainerConfigError") {
                     "CreateContainerConfigError"
                 } else {
                     "CreateContainerError"

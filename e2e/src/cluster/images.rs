@@ -68,14 +68,18 @@ pub fn program_for(image: &str, command: Option<&str>) -> Result<PathBuf> {
     }
 }
 
+/// An image no registry here has: the kubelet reports `ErrImagePull`.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to pull image {0:?}: not in the harness's image table (e2e/src/cluster/images.rs)")]
+pub struct UnknownImage(pub String);
+
 /// The image's entry in the table.
 pub fn image(image: &str) -> Result<&'static Image> {
     let repo = repository(image);
-    IMAGES.iter().find(|i| i.repository == repo).ok_or_else(|| {
-        anyhow::anyhow!(
-            "image {image:?} is not in the harness's image table (e2e/src/cluster/images.rs)"
-        )
-    })
+    IMAGES
+        .iter()
+        .find(|i| i.repository == repo)
+        .ok_or_else(|| UnknownImage(image.to_owned()).into())
 }
 
 /// Every binary of the image, as built (the files placed in its `/usr/local/bin`).
@@ -104,7 +108,8 @@ mod tests {
 
     #[test]
     fn unknown_images_and_commands_are_refused() {
-        assert!(program_for("docker.io/istio/ztunnel:1.24", Some("ztunnel")).is_err());
+        let unknown = program_for("docker.io/istio/ztunnel:1.24", Some("ztunnel")).unwrap_err();
+        assert!(unknown.is::<UnknownImage>(), "{unknown}");
         let err = program_for(
             "ghcr.io/ambient-rs/ambient-rs:0.1.0",
             Some("pilot-discovery"),

@@ -39,7 +39,7 @@ use serde_json::{json, Value};
 
 pub use api::Api;
 use apiserver_proc::ControlPlane;
-pub use apiserver_proc::{API_ADDR, ISTIOD_ADDR};
+pub use apiserver_proc::{API_ADDR, ISTIOD_ADDR, ISTIOD_HOST};
 use controllers::Controllers;
 use kubelet::{Kubelet, NodeInfo, PodHandle};
 pub use node::Node;
@@ -65,13 +65,13 @@ pub fn expected_redirection() -> &'static str {
 }
 
 /// The shape of a local cluster.
-struct Topology {
-    nodes: u8,
-    istiod_replicas: u8,
-    dual_stack: bool,
-    native_nftables: bool,
+pub struct Topology {
+    pub nodes: u8,
+    pub istiod_replicas: u8,
+    pub dual_stack: bool,
+    pub native_nftables: bool,
     /// The node agent from the cni chart with these values (else the harness's).
-    agent_chart_values: Option<Vec<String>>,
+    pub agent_chart_values: Option<Vec<String>>,
 }
 
 impl Default for Topology {
@@ -164,7 +164,7 @@ impl LocalCluster {
         )
     }
 
-    fn with_topology(tag: &str, topology: Topology) -> Result<Self> {
+    pub fn with_topology(tag: &str, topology: Topology) -> Result<Self> {
         let Topology {
             nodes: count,
             istiod_replicas,
@@ -413,6 +413,36 @@ impl LocalCluster {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Commands to try the cluster by hand, for a root shell: `make demo-up` prints
+    /// them and a test runs them. The first defines the alias `k` (kubectl against
+    /// this cluster).
+    pub fn try_it_commands(&self) -> Result<Vec<String>> {
+        let istioctl = crate::mesh::binary("istioctl-lite")?;
+        let kubeconfig = self.kubeconfig().display();
+        let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"s"},"spec":{"nodeName":"node-2","containers":[{"name":"s","image":"e2e-app:local","command":["e2e-app","sink","--listen","0.0.0.0:9000"]}]}}"#;
+        Ok(vec![
+            format!("alias k='{}'", self.kubectl_prefix()),
+            "k get nodes,pods -A -o wide".into(),
+            "k label namespace default istio.io/dataplane-mode=ambient".into(),
+            format!("k apply -f - <<< '{pod}'"),
+            "k logs s".into(),
+            "k describe pod s".into(),
+            "k get events -A".into(),
+            // Where the CNI plugin's errors point to.
+            format!("k -n {SYSTEM_NAMESPACE} logs ds/istio-cni-node"),
+            format!(
+                "ip netns exec {} {} --kubeconfig {kubeconfig} ztunnel-config workloads --ztunnel-admin 127.0.0.1:15000",
+                self.node(1).ns.name(),
+                istioctl.display()
+            ),
+            format!(
+                "ip netns exec {} {} --kubeconfig {kubeconfig} proxy-status --xds-address {ISTIOD_ADDR} --xds-san {ISTIOD_HOST}",
+                self.control_plane.ns.name(),
+                istioctl.display()
+            ),
+        ])
     }
 
     /// `kubectl apply -f -` with `manifest` on stdin.

@@ -129,33 +129,34 @@ pub fn daemonset(namespace: &str, name: &str, app: &str, nodes: usize) -> Value 
     })
 }
 
-/// A Warning event about `pod` from `node`'s kubelet.
-pub fn pod_event(pod: &Value, node: &str, reason: &str, message: &str) -> Value {
-    let mut event = kubelet_event(pod, node, reason, message);
-    event["type"] = json!("Warning");
-    event
-}
-
-/// A Normal event about `pod` from `node`'s kubelet (Started, Killing).
-pub fn kubelet_event(pod: &Value, node: &str, reason: &str, message: &str) -> Value {
-    let meta = &pod["metadata"];
+/// An Event about `object` (a Pod, a DaemonSet...) from `component` on `host`:
+/// Warning or Normal.
+pub fn event(
+    object: &Value,
+    (component, host): (&str, &str),
+    warning: bool,
+    reason: &str,
+    message: &str,
+) -> Value {
+    let meta = &object["metadata"];
     let name = meta["name"].as_str().unwrap_or_default();
     let now = now_rfc3339();
     json!({
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": format!("{name}."), "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
+        "involvedObject": {"apiVersion": object["apiVersion"].as_str().unwrap_or("v1"),
+                           "kind": object["kind"].as_str().unwrap_or("Pod"), "name": name,
                            "namespace": meta["namespace"], "uid": meta["uid"]},
         "reason": reason,
         "message": message,
-        "type": "Normal",
+        "type": if warning { "Warning" } else { "Normal" },
         "count": 1,
         "firstTimestamp": now,
         "lastTimestamp": now,
-        "source": {"component": "kubelet", "host": node},
-        "reportingComponent": "kubelet",
-        "reportingInstance": node,
+        "source": {"component": component, "host": host},
+        "reportingComponent": component,
+        "reportingInstance": host,
     })
 }
 

@@ -32,7 +32,7 @@ pub fn reconcile(api: &Api, world: &World, ds: &Value) -> Result<()> {
             Some(pods) => pods.push(pod),
             None => {
                 misscheduled += 1;
-                delete_pod(api, pod)?;
+                delete_pod(api, ds, pod)?;
             }
         }
     }
@@ -59,12 +59,16 @@ pub fn reconcile(api: &Api, world: &World, ds: &Value) -> Result<()> {
         let (new, old): (Vec<&Value>, Vec<&Value>) = pods.iter().partition(|p| is_new(p));
         if pods.is_empty() {
             let pod_name = format!("{}-{}", name(ds), name_suffix());
-            create_pod(api, &new_pod(ds, HASH_LABEL, &hash, pod_name, Some(node)))?;
+            create_pod(
+                api,
+                ds,
+                &new_pod(ds, HASH_LABEL, &hash, pod_name, Some(node)),
+            )?;
             continue;
         }
         // Duplicates of one revision on a node: keep one.
         for extra in new.iter().skip(1) {
-            delete_pod(api, extra)?;
+            delete_pod(api, ds, extra)?;
         }
         if on_delete || old.is_empty() {
             continue;
@@ -72,23 +76,27 @@ pub fn reconcile(api: &Api, world: &World, ds: &Value) -> Result<()> {
         if new.first().is_some_and(|p| available(p, min_ready)) {
             // A surged pod took over: the old one goes.
             for p in &old {
-                delete_pod(api, p)?;
+                delete_pod(api, ds, p)?;
             }
         } else if !new.is_empty() {
             // Waiting for the surged pod.
         } else if !node_available(&old) {
             // Already unavailable: replacing it costs nothing.
             for p in &old {
-                delete_pod(api, p)?;
+                delete_pod(api, ds, p)?;
             }
         } else if max_surge > surging {
             surging += 1;
             let pod_name = format!("{}-{}", name(ds), name_suffix());
-            create_pod(api, &new_pod(ds, HASH_LABEL, &hash, pod_name, Some(node)))?;
+            create_pod(
+                api,
+                ds,
+                &new_pod(ds, HASH_LABEL, &hash, pod_name, Some(node)),
+            )?;
         } else if unavailable < max_unavailable {
             unavailable += 1;
             for p in &old {
-                delete_pod(api, p)?;
+                delete_pod(api, ds, p)?;
             }
         }
     }

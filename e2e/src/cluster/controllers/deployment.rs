@@ -43,6 +43,7 @@ pub fn reconcile(api: &Api, world: &World, d: &Value) -> Result<()> {
             let node = scheduler.pick();
             create_pod(
                 api,
+                d,
                 &new_pod(d, HASH_LABEL, &hash, pod_name, node.as_deref()),
             )?;
         }
@@ -52,14 +53,14 @@ pub fn reconcile(api: &Api, world: &World, d: &Value) -> Result<()> {
     let mut surplus: Vec<&Value> = new.clone();
     surplus.sort_by_key(|p| ready(p));
     for p in surplus.iter().take(new.len().saturating_sub(replicas)) {
-        delete_pod(api, p)?;
+        delete_pod(api, d, p)?;
     }
     if recreate {
         if old.is_empty() {
             create(replicas.saturating_sub(new.len()))?;
         }
         for p in &old {
-            delete_pod(api, p)?;
+            delete_pod(api, d, p)?;
         }
     } else {
         let room = (replicas + max_surge).saturating_sub(pods.len());
@@ -69,11 +70,11 @@ pub fn reconcile(api: &Api, world: &World, d: &Value) -> Result<()> {
         let (old_available, old_unavailable): (Vec<&Value>, Vec<&Value>) =
             old.iter().partition(|p| is_available(p));
         for p in &old_unavailable {
-            delete_pod(api, p)?;
+            delete_pod(api, d, p)?;
         }
         let budget = available_count.saturating_sub(min_available);
         for p in old_available.iter().take(budget) {
-            delete_pod(api, p)?;
+            delete_pod(api, d, p)?;
         }
     }
 

@@ -125,7 +125,7 @@ fn collect_orphans(api: &Api, pods: &[Value], owners: &HashSet<String>) -> Resul
                     && !owners.contains(o["uid"].as_str().unwrap_or_default())
             });
         if orphaned {
-            delete_pod(api, pod)?;
+            remove_pod(api, pod)?;
         }
     }
     Ok(())
@@ -226,18 +226,48 @@ fn name_suffix() -> String {
         .collect()
 }
 
-fn create_pod(api: &Api, pod: &Value) -> Result<()> {
-    let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+/// Creates a pod of `workload`, with the controller's `SuccessfulCreate` event.
+fn create_pod(api: &Api, workload: &Value, pod: &Value) -> Result<()> {
+    let ns = namespace(pod);
     api.post(&format!("/api/v1/namespaces/{ns}/pods"), pod)?;
+    record(
+        api,
+        workload,
+        "SuccessfulCreate",
+        &format!("Created pod: {}", name(pod)),
+    );
     Ok(())
 }
 
-fn delete_pod(api: &Api, pod: &Value) -> Result<()> {
+/// Deletes a pod of `workload`, with the controller's `SuccessfulDelete` event.
+fn delete_pod(api: &Api, workload: &Value, pod: &Value) -> Result<()> {
+    remove_pod(api, pod)?;
+    record(
+        api,
+        workload,
+        "SuccessfulDelete",
+        &format!("Deleted pod: {}", name(pod)),
+    );
+    Ok(())
+}
+
+fn remove_pod(api: &Api, pod: &Value) -> Result<()> {
     api.delete(&format!(
         "/api/v1/namespaces/{}/pods/{}",
         namespace(pod),
         name(pod)
     ))
+}
+
+/// A Normal event about `workload` from its controller.
+fn record(api: &Api, workload: &Value, reason: &str, message: &str) {
+    let controller = match workload["kind"].as_str() {
+        Some("DaemonSet") => "daemonset-controller",
+        _ => "deployment-controller",
+    };
+    let event = super::objects::event(workload, (controller, ""), false, reason, message);
+    let path = format!("/api/v1/namespaces/{}/events", namespace(workload));
+    let _ = api.post(&path, &event);
 }
 
 /// Writes `status` to the workload's status subresource when it differs.

@@ -6,25 +6,29 @@
 //! with kubelet's backoff (1 s doubling, capped at 10 s).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use anyhow::Result;
+use serde_json::Value;
+
+mod launch;
+mod sandbox;
+mod status;
+
+use launch::{container_command, with_api_access};
+use sandbox::{create_sandbox, teardown_sandbox, Network};
+pub use sandbox::{Sandbox, CLUSTER_DNS};
+use status::{pod_status, status_path, waiting_status, Conditions};
 
 use super::api::{query_escape, Api};
-use super::cni::{self, NetConfList, Runtime};
 use super::containers::{Container, RestartPolicy};
 use super::kubelet_server::{KubeletServer, LogLookup, KUBELET_PORT};
-use super::objects::{kubelet_event, now_rfc3339, pod_event};
+use super::objects::event;
 use super::probes::HttpGet;
-use super::volumes::PodVolumes;
-use super::{container_env, images, runtime};
-use crate::netns::Netns;
 use crate::process::ChildGuard;
 
 /// How often the pod list is read.
@@ -53,43 +57,6 @@ pub struct NodeInfo {
     pub plugin_binds: Vec<(PathBuf, String)>,
     /// The API server, as in-cluster clients reach it (`KUBERNETES_SERVICE_*`).
     pub api_addr: std::net::SocketAddr,
-}
-
-/// A running pod: its network, its volumes and its containers.
-pub struct Sandbox {
-    // Drop order: processes, then the network.
-    pub containers: Vec<Container>,
-    network: Network,
-    /// The pod's addresses, IPv4 (the primary family) first.
-    pub ips: Vec<String>,
-    volumes: PodVolumes,
-    /// The pod's directory under [`NodeInfo::pods_dir`].
-    dir: PathBuf,
-}
-
-/// The pod's own namespace set up through the CNI chain, or the node's
-/// (`hostNetwork: true`).
-enum Network {
-    Pod(Box<PodNetwork>),
-    Host { netns: String },
-}
-
-struct PodNetwork {
-    netns: Netns,
-    result: Value,
-    /// Each plugin's ADD time (ms), in chain order.
-    add_timings: Vec<(String, f64)>,
-    conf: NetConfList,
-    rt: Runtime,
-}
-
-impl Sandbox {
-    fn netns_name(&self) -> &str {
-        match &self.network {
-            Network::Pod(pod) => pod.netns.name(),
-            Network::Host { netns } => netns,
-        }
-    }
 }
 
 /// What tests may read about a pod the kubelet runs.
@@ -560,11 +527,7 @@ fn supervise(
 
 /// An event about `pod` from this kubelet.
 fn post_event(api: &Api, node: &NodeInfo, pod: &Value, warning: bool, reason: &str, message: &str) {
-    let event = if warning {
-        pod_event(pod, &node.name, reason, message)
-    } else {
-        kubelet_event(pod, &node.name, reason, message)
-    };
+    let event = event(pod, ("kubelet", &node.name), warning, reason, message);
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
     let _ = api.post(&format!("/api/v1/namespaces/{namespace}/events"), &event);
 }
@@ -576,291 +539,6 @@ fn termination_grace(pod: &Value) -> Duration {
             .as_u64()
             .unwrap_or(30),
     )
-}
-
-fn create_sandbox(api: &Api, node: &NodeInfo, pod: &Value, seq: u64) -> Result<Sandbox> {
-    let meta = &pod["metadata"];
-    let (namespace, name, uid) = (
-        meta["namespace"].as_str().unwrap_or_default(),
-        meta["name"].as_str().unwrap_or_default(),
-        meta["uid"].as_str().unwrap_or_default(),
-    );
-    let dir = node.pods_dir.join(uid);
-    let volumes = PodVolumes::prepare(api, &node.root, pod, &dir.join("volumes"))?;
-    let (network, ips) = if pod["spec"]["hostNetwork"] == true {
-        let network = Network::Host {
-            netns: node.host_netns.clone(),
-        };
-        (network, vec![node.host_ip.clone()])
-    } else {
-        pod_network(node, pod, seq)?
-    };
-    let containers = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, spec)| {
-            let log_name = format!("{}-{namespace}-{name}-{i}", node.tag);
-            // kubelet's /var/log/pods/<namespace>_<name>_<uid>/<container>/.
-            let log_dir = dir
-                .join("logs")
-                .join(spec["name"].as_str().unwrap_or_default());
-            Container::new(spec, log_name, log_dir)
-        })
-        .collect();
-    Ok(Sandbox {
-        containers,
-        network,
-        ips,
-        volumes,
-        dir,
-    })
-}
-
-/// The pod's own network namespace, through the node's CNI chain.
-fn pod_network(node: &NodeInfo, pod: &Value, seq: u64) -> Result<(Network, Vec<String>)> {
-    let meta = &pod["metadata"];
-    let (namespace, name, uid) = (
-        meta["namespace"].as_str().unwrap_or_default(),
-        meta["name"].as_str().unwrap_or_default(),
-        meta["uid"].as_str().unwrap_or_default(),
-    );
-    let conf = cni::find_config(&node.conf_dir)?;
-    let netns = Netns::new(&format!("{}p{seq}", node.tag))?;
-    netns.set_resolv_conf(&crate::dns::pod_resolv_conf(
-        CLUSTER_DNS,
-        namespace,
-        "cluster.local",
-    ))?;
-    let container_id = format!("{:x}{seq:08x}", std::process::id());
-    let rt = Runtime {
-        host_netns: node.host_netns.clone(),
-        container_id: container_id.clone(),
-        netns_path: netns.path(),
-        ifname: "eth0".into(),
-        cni_path: node.cni_path.clone(),
-        args: Runtime::k8s_args(namespace, name, uid, &container_id),
-        node_binds: node.plugin_binds.clone(),
-    };
-    let (result, add_timings) = match cni::add(&conf, &rt) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = cni::del(&conf, &rt, None);
-            return Err(e.context(format!(
-                "failed to setup network for sandbox {container_id:?}"
-            )));
-        }
-    };
-    let ips = cni::result_ips(&result);
-    if ips.is_empty() {
-        let _ = cni::del(&conf, &rt, Some(&result));
-        bail!("the CNI result has no address: {result}");
-    }
-    let network = Network::Pod(Box::new(PodNetwork {
-        netns,
-        result,
-        add_timings,
-        conf,
-        rt,
-    }));
-    Ok((network, ips))
-}
-
-/// kubelet's `clusterDNS`: the usual kube-dns ClusterIP (the local API server never
-/// hands it to a Service). Nothing serves it here; in an enrolled pod the node agent's
-/// DNS capture sends its queries to ztunnel instead.
-pub const CLUSTER_DNS: &str = "10.96.0.10";
-
-/// The container's process: the image's program, its args and its environment as
-/// kubelet builds them (`CreateContainerConfigError` when they cannot be resolved).
-fn container_command(
-    api: &Api,
-    node: &NodeInfo,
-    sandbox: &Sandbox,
-    pod: &Value,
-    container: &Value,
-) -> Result<Command> {
-    let words = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s.as_str().map(str::to_owned))
-            .collect()
-    };
-    let host_ips = [node.host_ip.clone()];
-    let rt = container_env::PodRuntime {
-        pod_ips: &sandbox.ips,
-        host_ips: &host_ips,
-        node_cpu_millis: node_cpu_millis(),
-        node_memory_bytes: node_memory_bytes(),
-    };
-    let env =
-        container_env::resolve(api, pod, container, &rt).context("CreateContainerConfigError")?;
-    let command = container_env::expand_args(&words(&container["command"]), &env);
-    let args = container_env::expand_args(&words(&container["args"]), &env);
-    // A container is a process tree (`sh -c` forks its commands): its own process
-    // group (ChildGuard::spawn_group), stopped whole, as a runtime stops its cgroup.
-    let image = container["image"].as_str().unwrap_or_default();
-    let program = images::program_for(image, command.first().map(String::as_str))?;
-    let rootfs = container_rootfs(sandbox, pod, container, image, &program)?;
-    // In its own root the image's binaries are in /usr/local/bin.
-    let program = match (&rootfs, program.is_absolute()) {
-        (Some(_), true) => {
-            PathBuf::from("/usr/local/bin").join(program.file_name().unwrap_or_default())
-        }
-        _ => program,
-    };
-    // Without a command, the image's entrypoint gets the args.
-    let argv: Vec<String> = std::iter::once(program.to_string_lossy().into_owned())
-        .chain(command.iter().skip(1).cloned())
-        .chain(args)
-        .collect();
-    let identity =
-        if pod["spec"]["securityContext"].is_null() && container["securityContext"].is_null() {
-            runtime::Identity::default()
-        } else {
-            runtime::Identity::of(pod, container).context("CreateContainerConfigError")?
-        };
-    let mut outer = Command::new("ip");
-    outer.args(["netns", "exec", sandbox.netns_name()]);
-    let mut cmd = runtime::command(outer, rootfs.as_ref(), &identity, &argv)?;
-    cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env(
-            "HOSTNAME",
-            pod["metadata"]["name"].as_str().unwrap_or_default(),
-        )
-        // kubelet's service variables for the API server, which `env` may override.
-        .env("KUBERNETES_SERVICE_HOST", node.api_addr.ip().to_string())
-        .env("KUBERNETES_SERVICE_PORT", node.api_addr.port().to_string())
-        .envs(env)
-        .env(super::sweep::OWNER_ENV, &node.owner);
-    Ok(cmd)
-}
-
-/// Where kubelet mounts a pod's API credentials.
-const API_ACCESS_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-
-/// The pod as the ServiceAccount admission plugin completes it: a `kube-api-access`
-/// projected volume (token, `kube-root-ca.crt`, namespace) mounted read-only in every
-/// container, unless `automountServiceAccountToken` is false on the pod (else on its
-/// ServiceAccount). Only for pods in their own root ([`own_root`]): the others see
-/// the host's files anyway.
-fn with_api_access(api: &Api, pod: &Value) -> Value {
-    let mut pod = pod.clone();
-    let namespace = pod["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_owned();
-    let sa = pod["spec"]["serviceAccountName"]
-        .as_str()
-        .unwrap_or("default")
-        .to_owned();
-    let automount = match pod["spec"]["automountServiceAccountToken"].as_bool() {
-        Some(set) => set,
-        None => api
-            .get_opt(&format!(
-                "/api/v1/namespaces/{namespace}/serviceaccounts/{sa}"
-            ))
-            .ok()
-            .flatten()
-            .and_then(|sa| sa["automountServiceAccountToken"].as_bool())
-            .unwrap_or(true),
-    };
-    if !automount || !own_root(&pod) {
-        return pod;
-    }
-    let volume = "kube-api-access";
-    if !pod["spec"]["volumes"].is_array() {
-        pod["spec"]["volumes"] = json!([]);
-    }
-    let Some(volumes) = pod["spec"]["volumes"].as_array_mut() else {
-        return pod;
-    };
-    volumes.push(json!({"name": volume, "projected": {"defaultMode": 420, "sources": [
-        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
-    ]}}));
-    for c in pod["spec"]["containers"]
-        .as_array_mut()
-        .into_iter()
-        .flatten()
-    {
-        let mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
-        if mounts.iter().all(|m| m["mountPath"] != API_ACCESS_MOUNT) {
-            let mut mounts = mounts;
-            mounts.push(json!({"name": volume, "mountPath": API_ACCESS_MOUNT, "readOnly": true}));
-            c["volumeMounts"] = json!(mounts);
-        }
-    }
-    pod
-}
-
-/// Whether the pod's containers run in roots of their own: pods with volumes, and
-/// pods of distroless images. The e2e suite's other pods share the host's files.
-fn own_root(pod: &Value) -> bool {
-    let has_volumes = pod["spec"]["volumes"]
-        .as_array()
-        .is_some_and(|v| !v.is_empty());
-    let distroless = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| {
-            images::image(c["image"].as_str().unwrap_or_default()).is_ok_and(|i| !i.distro_tools)
-        });
-    has_volumes || distroless
-}
-
-/// The container's own root: for a distroless image (nothing of the host's but its
-/// libraries), and for any pod with volumes (mounted at their paths in it). Other
-/// test pods share the host's filesystem view, as their tests need.
-fn container_rootfs(
-    sandbox: &Sandbox,
-    pod: &Value,
-    container: &Value,
-    image: &str,
-    program: &Path,
-) -> Result<Option<runtime::Rootfs>> {
-    let distroless = !images::image(image)?.distro_tools;
-    let has_volumes = pod["spec"]["volumes"]
-        .as_array()
-        .is_some_and(|v| !v.is_empty());
-    if !distroless && !has_volumes {
-        return Ok(None);
-    }
-    let name = container["name"].as_str().unwrap_or_default();
-    let root = sandbox.dir.join("containers").join(name);
-    std::fs::create_dir_all(&root)?;
-    let mut binaries = images::binaries_of(image)?;
-    if program.is_absolute() && !binaries.iter().any(|b| b == program) {
-        binaries.push(program.to_owned());
-    }
-    Ok(Some(runtime::Rootfs {
-        root,
-        binaries,
-        mounts: sandbox
-            .volumes
-            .mounts(container)
-            .context("CreateContainerConfigError")?,
-        read_only_root: container["securityContext"]["readOnlyRootFilesystem"] == true,
-        working_dir: container["workingDir"].as_str().map(str::to_owned),
-    }))
-}
-
-fn node_cpu_millis() -> u64 {
-    std::thread::available_parallelism().map_or(1, |n| n.get()) as u64 * 1000
-}
-
-fn node_memory_bytes() -> u64 {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
 }
 
 /// A deleted pod: its worker stops, its containers get their `preStop` hooks and
@@ -918,125 +596,4 @@ fn run_pre_stop(
             let _ = get.run(&netns, &sandbox.ips[0], left.max(Duration::from_millis(1)));
         }
     }
-}
-
-/// Runs CNI DEL with the cached result and deletes the namespace (any container
-/// still running is killed first).
-fn teardown_sandbox(mut sandbox: Sandbox) {
-    for c in &mut sandbox.containers {
-        c.finish_stop(Instant::now());
-    }
-    if let Network::Pod(pod) = &sandbox.network {
-        let _ = cni::del(&pod.conf, &pod.rt, Some(&pod.result));
-    }
-    let dir = sandbox.dir.clone();
-    drop(sandbox);
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-fn status_path(pod: &Value) -> String {
-    let meta = &pod["metadata"];
-    format!(
-        "/api/v1/namespaces/{}/pods/{}/status",
-        meta["namespace"].as_str().unwrap_or_default(),
-        meta["name"].as_str().unwrap_or_default()
-    )
-}
-
-fn condition(kind: &str, ok: bool, now: &str) -> Value {
-    json!({"type": kind, "status": if ok { "True" } else { "False" }, "lastTransitionTime": now})
-}
-
-/// The pod conditions kubelet writes, each keeping the time it last changed.
-#[derive(Default)]
-struct Conditions(Vec<(&'static str, bool, String)>);
-
-impl Conditions {
-    fn set(&mut self, kind: &'static str, ok: bool) -> Value {
-        match self.0.iter_mut().find(|(k, _, _)| *k == kind) {
-            Some(entry) if entry.1 == ok => {}
-            Some(entry) => *entry = (kind, ok, now_rfc3339()),
-            None => self.0.push((kind, ok, now_rfc3339())),
-        }
-        let (_, _, since) = self
-            .0
-            .iter()
-            .find(|(k, _, _)| *k == kind)
-            .cloned()
-            .unwrap_or_default();
-        condition(kind, ok, &since)
-    }
-}
-
-fn pod_status(
-    node: &NodeInfo,
-    sandbox: &Sandbox,
-    policy: RestartPolicy,
-    conditions: &mut Conditions,
-) -> Value {
-    let containers: Vec<Value> = sandbox.containers.iter().map(Container::status).collect();
-    let all_ready = sandbox.containers.iter().all(Container::ready);
-    let done: Vec<bool> = containers
-        .iter()
-        .filter_map(|c| {
-            c["state"]["terminated"]["exitCode"]
-                .as_i64()
-                .map(|code| code == 0)
-        })
-        .collect();
-    // Finished once every container terminated for good (only without restarts).
-    let phase = if done.len() == containers.len() && policy != RestartPolicy::Always {
-        if done.iter().all(|ok| *ok) {
-            "Succeeded"
-        } else {
-            "Failed"
-        }
-    } else {
-        "Running"
-    };
-    let conditions: Vec<Value> = [
-        ("PodScheduled", true),
-        ("Initialized", true),
-        ("PodReadyToStartContainers", true),
-        ("ContainersReady", all_ready),
-        ("Ready", all_ready),
-    ]
-    .into_iter()
-    .map(|(kind, ok)| conditions.set(kind, ok))
-    .collect();
-    json!({"status": {
-        "phase": phase,
-        "hostIP": node.host_ip, "hostIPs": [{"ip": node.host_ip}],
-        "podIP": sandbox.ips[0],
-        "podIPs": sandbox.ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
-        "startTime": conditions_start(&conditions),
-        "conditions": conditions,
-        "containerStatuses": containers,
-    }})
-}
-
-/// `startTime`: when the sandbox came up (the first condition's time).
-fn conditions_start(conditions: &[Value]) -> Value {
-    conditions
-        .first()
-        .map(|c| c["lastTransitionTime"].clone())
-        .unwrap_or(Value::Null)
-}
-
-fn waiting_status(pod: &Value, node: &NodeInfo) -> Value {
-    let now = now_rfc3339();
-    let containers: Vec<Value> = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": false, "started": false,
-                   "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}})
-        })
-        .collect();
-    json!({"status": {
-        "phase": "Pending", "hostIP": node.host_ip,
-        "conditions": [condition("PodScheduled", true, &now), condition("Ready", false, &now)],
-        "containerStatuses": containers,
-    }})
 }
