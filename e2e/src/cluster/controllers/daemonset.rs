@@ -55,15 +55,19 @@ pub fn reconcile(api: &Api, world: &World, ds: &Value) -> Result<()> {
         .values()
         .filter(|p| p.iter().any(|p| is_new(p)) && p.iter().any(|p| !is_new(p)))
         .count();
+    // A pod of the current template on `node`.
+    let place = |node: &str| {
+        let pod_name = format!("{}-{}", name(ds), name_suffix());
+        create_pod(
+            api,
+            ds,
+            &new_pod(ds, HASH_LABEL, &hash, pod_name, Some(node)),
+        )
+    };
     for (node, pods) in &by_node {
         let (new, old): (Vec<&Value>, Vec<&Value>) = pods.iter().partition(|p| is_new(p));
         if pods.is_empty() {
-            let pod_name = format!("{}-{}", name(ds), name_suffix());
-            create_pod(
-                api,
-                ds,
-                &new_pod(ds, HASH_LABEL, &hash, pod_name, Some(node)),
-            )?;
+            place(node)?;
             continue;
         }
         // Duplicates of one revision on a node: keep one.
@@ -87,12 +91,7 @@ pub fn reconcile(api: &Api, world: &World, ds: &Value) -> Result<()> {
             }
         } else if max_surge > surging {
             surging += 1;
-            let pod_name = format!("{}-{}", name(ds), name_suffix());
-            create_pod(
-                api,
-                ds,
-                &new_pod(ds, HASH_LABEL, &hash, pod_name, Some(node)),
-            )?;
+            place(node)?;
         } else if unavailable < max_unavailable {
             unavailable += 1;
             for p in &old {
