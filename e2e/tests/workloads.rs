@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use e2e::cluster::controllers::ready;
 use e2e::cluster::LocalCluster;
 use e2e::process::wait_for;
 use serde_json::Value;
@@ -32,12 +33,25 @@ fn pods(c: &LocalCluster, selector: &str) -> Vec<Value> {
         .unwrap()
 }
 
-fn ready(pod: &Value) -> bool {
-    pod["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+/// Samples the pods of `selector` until `count` of them are ready and none has the
+/// old revision (`hash_label` = `old`); the most pods and the fewest ready ones seen.
+fn watch_rollout(
+    c: &LocalCluster,
+    selector: &str,
+    count: usize,
+    (hash_label, old): (&str, &str),
+) -> (usize, Option<usize>) {
+    let samples = sample_until(
+        &format!("the rollout of {selector}"),
+        || pods(c, selector),
+        |p| p.len() == count && p.iter().all(|p| ready(p) && label(p, hash_label) != old),
+    );
+    let most = samples.iter().map(Vec::len).max().unwrap_or_default();
+    let fewest_ready = samples
+        .iter()
+        .map(|s| s.iter().filter(|p| ready(p)).count())
+        .min();
+    (most, fewest_ready)
 }
 
 fn label<'a>(pod: &'a Value, key: &str) -> &'a str {
@@ -160,19 +174,12 @@ spec:
     // A template change rolls one node at a time: never both without a ready pod.
     c.kubectl(&["-n", NS, "set", "env", "ds/everywhere", "VERSION=2"])
         .unwrap();
-    let samples = sample_until(
-        "the rollout of ds/everywhere",
-        || pods(&c, "app=everywhere"),
-        |p| {
-            p.len() == 2
-                && p.iter()
-                    .all(|p| ready(p) && label(p, "controller-revision-hash") != first_hash)
-        },
+    let (_, fewest_ready) = watch_rollout(
+        &c,
+        "app=everywhere",
+        2,
+        ("controller-revision-hash", &first_hash),
     );
-    let fewest_ready = samples
-        .iter()
-        .map(|s| s.iter().filter(|p| ready(p)).count())
-        .min();
     assert_eq!(fewest_ready, Some(1), "maxUnavailable 1 of 2 nodes");
     c.kubectl(&[
         "-n",
@@ -235,20 +242,7 @@ spec:
 
     c.kubectl(&["-n", NS, "set", "env", "deploy/web", "VERSION=2"])
         .unwrap();
-    let samples = sample_until(
-        "the rollout of deploy/web",
-        || pods(&c, "app=web"),
-        |p| {
-            p.len() == 3
-                && p.iter()
-                    .all(|p| ready(p) && label(p, "pod-template-hash") != first_hash)
-        },
-    );
-    let most = samples.iter().map(Vec::len).max().unwrap_or_default();
-    let fewest_ready = samples
-        .iter()
-        .map(|s| s.iter().filter(|p| ready(p)).count())
-        .min();
+    let (most, fewest_ready) = watch_rollout(&c, "app=web", 3, ("pod-template-hash", &first_hash));
     assert_eq!(
         most, 4,
         "maxSurge 1: at most 4 pods, and the surge was used"

@@ -328,9 +328,8 @@ fn tolerates(toleration: &Value, taint: &Value) -> bool {
     effect_ok && key_ok && value_ok
 }
 
-/// The pod's Ready condition holds (and has held for `min_ready` seconds:
-/// available, as the controllers count it).
-fn ready(pod: &Value) -> bool {
+/// The pod's Ready condition holds.
+pub fn ready(pod: &Value) -> bool {
     pod["status"]["conditions"]
         .as_array()
         .into_iter()
@@ -338,6 +337,7 @@ fn ready(pod: &Value) -> bool {
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
+/// Ready, and for `min_ready_secs`: available, as the controllers count it.
 fn available(pod: &Value, min_ready_secs: u64) -> bool {
     if !ready(pod) {
         return false;
