@@ -50,6 +50,17 @@ pub enum Transport {
 /// The upstream's answer to the wire bytes `request`, or `None` when there is nothing
 /// to answer (not a DNS message, or a response). Never panics on any input.
 pub fn respond(request: &[u8], transport: Transport) -> Option<(Vec<u8>, Message)> {
+    respond_from(request, transport, zone)
+}
+
+/// The answer to `request` from an authoritative server whose records for a query are
+/// `zone(query)`: `Some(vec![])` for a name without records of the asked type, `None`
+/// for a name that does not exist (NXDOMAIN).
+pub fn respond_from(
+    request: &[u8],
+    transport: Transport,
+    zone: impl FnOnce(&Query) -> Option<Vec<Record>>,
+) -> Option<(Vec<u8>, Message)> {
     let request = Message::from_vec(request).ok()?;
     if request.message_type() != MessageType::Query {
         return None;
@@ -136,14 +147,24 @@ fn describe(transport: Transport, peer: SocketAddr, response: &Message) -> Strin
 /// Serves the zone on UDP and TCP `listen` until the process is killed. With
 /// `log_queries`, prints one line per answer (tests read it to see who asked).
 pub fn serve(listen: SocketAddr, log_queries: bool) -> Result<()> {
+    serve_with(listen, log_queries, respond)
+}
+
+/// Serves `answer`'s replies on UDP and TCP `listen` until the process is killed.
+pub fn serve_with<A>(listen: SocketAddr, log_queries: bool, answer: A) -> Result<()>
+where
+    A: Fn(&[u8], Transport) -> Option<(Vec<u8>, Message)> + Clone + Send + 'static,
+{
     let udp = UdpSocket::bind(listen).with_context(|| format!("binding UDP {listen}"))?;
     let tcp = TcpListener::bind(listen).with_context(|| format!("binding TCP {listen}"))?;
     eprintln!("dns: serving on {listen} (UDP, TCP)");
+    let tcp_answer = answer.clone();
     std::thread::spawn(move || {
         for stream in tcp.incoming() {
             let Ok(stream) = stream else { continue };
+            let answer = tcp_answer.clone();
             std::thread::spawn(move || {
-                if let Err(e) = serve_tcp(stream, log_queries) {
+                if let Err(e) = serve_tcp(stream, log_queries, answer) {
                     eprintln!("dns: TCP connection: {e:#}");
                 }
             });
@@ -158,7 +179,7 @@ pub fn serve(listen: SocketAddr, log_queries: bool) -> Result<()> {
                 continue;
             }
         };
-        let Some((reply, response)) = respond(&buf[..n], Transport::Udp) else {
+        let Some((reply, response)) = answer(&buf[..n], Transport::Udp) else {
             if log_queries {
                 eprintln!("Udp from {peer}: {n} bytes not answered");
             }
@@ -174,7 +195,11 @@ pub fn serve(listen: SocketAddr, log_queries: bool) -> Result<()> {
 }
 
 /// RFC 1035 4.2.2 framing: a 2-byte length before each message; many per connection.
-fn serve_tcp(mut stream: TcpStream, log_queries: bool) -> Result<()> {
+fn serve_tcp(
+    mut stream: TcpStream,
+    log_queries: bool,
+    answer: impl Fn(&[u8], Transport) -> Option<(Vec<u8>, Message)>,
+) -> Result<()> {
     let peer = stream.peer_addr()?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     loop {
@@ -186,7 +211,7 @@ fn serve_tcp(mut stream: TcpStream, log_queries: bool) -> Result<()> {
         stream
             .read_exact(&mut request)
             .context("reading a framed message")?;
-        let Some((reply, response)) = respond(&request, Transport::Tcp) else {
+        let Some((reply, response)) = answer(&request, Transport::Tcp) else {
             // Nothing sensible to say to a stream that is not DNS: close it.
             return Ok(());
         };

@@ -234,3 +234,304 @@ fn agent_pods(c: &LocalCluster) -> Vec<String> {
         .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
         .collect()
 }
+
+/// `istioctl-lite install` brings the whole mesh up from the charts: istiod-lite's
+/// Deployment behind its Service (reached by name through the cluster's DNS and
+/// service proxy), and the cni and ztunnel DaemonSets; none of it started by the
+/// harness. Then ztunnel's rollout (`maxSurge 1`, `maxUnavailable 0`) under traffic,
+/// and `istioctl-lite uninstall`.
+#[test]
+fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
+    if !e2e::can_run_root_tests() {
+        return;
+    }
+    let c = LocalCluster::with_mesh_from_charts("chall", INSTALL).unwrap();
+    assert!(c.control_plane.istiods.is_empty(), "no harness istiod");
+    for n in 1..=2 {
+        assert!(c.node(n).ztunnel.is_none() && c.node(n).agent.is_none());
+    }
+    let deployment = kubectl_json(&c, &["get", "deployment", "istiod"]);
+    assert!(
+        deployment["status"]["availableReplicas"].as_u64() >= Some(1),
+        "{deployment}"
+    );
+    for ds in ["ztunnel", "istio-cni-node"] {
+        let status = kubectl_json(&c, &["get", "ds", ds])["status"].clone();
+        assert_eq!(status["numberReady"], 2, "{ds}: {status}");
+    }
+    // ztunnel and istiod run in pod namespaces of their own, as the charts say.
+    for p in c
+        .api()
+        .list("/api/v1/namespaces/istio-system/pods")
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["app"] != "istio-cni-node")
+    {
+        assert_ne!(
+            p["status"]["podIP"], p["status"]["hostIP"],
+            "{}",
+            p["metadata"]["name"]
+        );
+    }
+
+    // istioctl-lite reaches istiod by its Service name, as from inside the cluster.
+    let xds = c.proxy_status_args();
+    let xds: Vec<&str> = xds.iter().map(String::as_str).collect();
+    wait_for("both ztunnels SYNCED", T, || {
+        let table = c.istioctl(&xds).map_err(|e| eprintln!("{e:#}")).ok()?;
+        (table.matches("SYNCED").count() == 4).then_some(table)
+    })
+    .unwrap();
+
+    c.create_namespace("m", &[("istio.io/dataplane-mode", "ambient")])
+        .unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    let mut ips = Vec::new();
+    for (name, node, argv) in [
+        (
+            "server",
+            2,
+            &["e2e-app", "sink", "--listen", "0.0.0.0:9000"][..],
+        ),
+        (
+            "echo",
+            2,
+            &["e2e-app", "echo", "--listen", "0.0.0.0:9001"][..],
+        ),
+        ("client", 1, &["sleep", "3600"][..]),
+    ] {
+        c.create_pod("m", name, node, name, &[], argv).unwrap();
+        let p = c.wait_pod_running("m", name, T).unwrap();
+        c.wait_redirection("m", name, Some("enabled"), T)
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", c.system_pod_logs()));
+        for n in 1..=2 {
+            c.wait_ztunnel_sees_hbone(n, &p.ip, T).unwrap();
+        }
+        ips.push(p.ip);
+    }
+    let answer = c
+        .send("m", "client", &format!("{}:9000", ips[0]), 10_000)
+        .unwrap();
+    assert_eq!(answer["bytes"], 10_000, "{answer}");
+    let mtls = e2e::mesh::metric_sum(
+        &c.ztunnel_metrics(2).unwrap(),
+        "istio_tcp_received_bytes_total",
+        &[
+            ("source_principal", "spiffe://cluster.local/ns/m/sa/client"),
+            ("connection_security_policy", "mutual_tls"),
+        ],
+    );
+    assert!(mtls >= 10_000.0, "the bytes crossed HBONE: {mtls}");
+
+    // ztunnel's rollout under traffic: a long-lived connection, and a new connection
+    // every 100 ms, both from node-1 to node-2 through both nodes' ztunnels.
+    let old_ztunnels = pod_names(&c, "app%3Dztunnel");
+    let echo = format!("{}:9001", ips[1]);
+    let mut ping = c
+        .spawn_in_pod(
+            "m",
+            "client",
+            &[
+                "e2e-app",
+                "ping",
+                "--connect",
+                &echo,
+                "--count",
+                "400",
+                "--interval-ms",
+                "50",
+            ],
+        )
+        .unwrap();
+    let mut stream = c
+        .spawn_in_pod(
+            "m",
+            "client",
+            &[
+                "e2e-app",
+                "stream",
+                "--connect",
+                &echo,
+                "--marker",
+                "rollout",
+                "--interval-ms",
+                "100",
+                "--duration-secs",
+                "25",
+            ],
+        )
+        .unwrap();
+    let sampler = Sampler::start(&c);
+    std::thread::sleep(Duration::from_secs(1));
+    let mut upgrade: Vec<String> = INSTALL.iter().map(|v| v.to_string()).collect();
+    upgrade.push("ztunnel.logLevel=debug".into());
+    upgrade.push(format!(
+        "nativeNftables={}",
+        e2e::cluster::native_nftables()
+    ));
+    c.istioctl_install(&upgrade)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    wait_for("the old ztunnel pods to be gone", T, || {
+        let now = pod_names(&c, "app%3Dztunnel");
+        (now.len() == 2 && now.iter().all(|p| !old_ztunnels.contains(p))).then_some(())
+    })
+    .unwrap();
+    let per_node = sampler.stop();
+    for (node, (most, fewest_ready)) in &per_node {
+        // maxSurge 1: the new pod starts beside the old; maxUnavailable 0: the node
+        // always has a ready ztunnel.
+        assert_eq!(
+            (*most, *fewest_ready),
+            (2, 1),
+            "ztunnel pods on {node} (most, fewest ready)"
+        );
+    }
+    let stream_status = stream
+        .wait_timeout(Duration::from_secs(40))
+        .expect("stream ended");
+    let log = stream.log();
+    let lines: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let failed: Vec<&Value> = lines.iter().filter(|l| l["ok"] != true).collect();
+    assert!(
+        stream_status.success() || lines.len() > 100,
+        "{}",
+        stream.log()
+    );
+    assert!(lines.len() >= 100, "new connections made: {}", lines.len());
+    assert!(
+        failed.is_empty(),
+        "new connections failed during ztunnel's rollout: {failed:?}"
+    );
+    // The long-lived connection lives on the old ztunnels, which drain when their pods
+    // are deleted: it is closed at the end of the drain (TERMINATION_GRACE_PERIOD,
+    // the grace period less 5 s), as with Istio's ztunnel; the client reconnects.
+    let ping_status = ping
+        .wait_timeout(Duration::from_secs(40))
+        .expect("ping ended");
+    eprintln!(
+        "long-lived connection through the rollout: {ping_status:?}: {}",
+        ping.log()
+    );
+    assert_eq!(
+        ping_status.code(),
+        Some(3),
+        "closed at the drain deadline: {}",
+        ping.log()
+    );
+
+    // Uninstall refuses while pods are in the mesh: with ztunnel gone their
+    // connections would be refused until they restart.
+    let refused = format!("{:#}", c.istioctl_uninstall().unwrap_err());
+    assert!(
+        refused.contains("pods in m are in the mesh")
+            && refused.contains("dataplane-mode disable m"),
+        "{refused}"
+    );
+    assert!(c
+        .api()
+        .get_opt("/apis/apps/v1/namespaces/istio-system/daemonsets/ztunnel")
+        .unwrap()
+        .is_some());
+    // Taken out of the mesh first (the agents undo their rules), the pods keep
+    // talking, in plain TCP, through and after the uninstall.
+    c.istioctl(&["dataplane-mode", "disable", "m"]).unwrap();
+    assert_eq!(c.redirection_of("m", "client").unwrap(), "none");
+    // Every chart's object goes but the CA Secret; the agents, rolled to uninstall on
+    // exit first, take the plugin out of each node's chain, so new pods do not wait.
+    c.istioctl_uninstall().unwrap();
+    wait_for("the mesh's pods to be gone", T, || {
+        pod_names(&c, "").is_empty().then_some(())
+    })
+    .unwrap();
+    for n in 1..=2 {
+        wait_for(&format!("node-{n}'s chain without istio-cni"), T, || {
+            (!c.node(n).plugin_installed()).then_some(())
+        })
+        .unwrap();
+    }
+    assert!(c
+        .api()
+        .get_opt("/api/v1/namespaces/istio-system/secrets/cacerts")
+        .unwrap()
+        .is_some());
+    let answer = c
+        .send("m", "client", &format!("{}:9000", ips[0]), 1000)
+        .unwrap();
+    assert_eq!(answer["bytes"], 1000, "{answer}");
+    c.label_namespace("m", "istio.io/dataplane-mode", Some("ambient"))
+        .unwrap();
+    c.create_pod("m", "after", 1, "after", &[], &["sleep", "3600"])
+        .unwrap();
+    c.wait_pod_running("m", "after", T).unwrap();
+    assert_eq!(c.redirection_of("m", "after").unwrap(), "none");
+    c.shutdown().unwrap();
+}
+
+/// Values of the full install: ztunnel drains for 3 s (8 s grace less 5).
+const INSTALL: &[&str] = &["ztunnel.terminationGracePeriodSeconds=8"];
+
+/// Names of the mesh's pods matching the (escaped) label `selector`.
+fn pod_names(c: &LocalCluster, selector: &str) -> Vec<String> {
+    c.api()
+        .list(&format!(
+            "/api/v1/namespaces/istio-system/pods?labelSelector={selector}"
+        ))
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Samples ztunnel's pods every 50 ms: per node, the most pods and fewest ready.
+struct Sampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<std::collections::BTreeMap<String, (usize, usize)>>,
+}
+
+impl Sampler {
+    fn start(c: &LocalCluster) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (api, flag) = (c.api(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut seen: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+            while !flag.load(Ordering::Relaxed) {
+                let pods = api
+                    .list("/api/v1/namespaces/istio-system/pods?labelSelector=app%3Dztunnel")
+                    .unwrap_or_default();
+                for node in ["node-1", "node-2"] {
+                    let on: Vec<&Value> = pods
+                        .iter()
+                        .filter(|p| p["spec"]["nodeName"] == node)
+                        .collect();
+                    let ready = on
+                        .iter()
+                        .filter(|p| e2e::cluster::controllers::ready(p))
+                        .count();
+                    let entry = seen.entry(node.to_owned()).or_insert((0, usize::MAX));
+                    entry.0 = entry.0.max(on.len());
+                    entry.1 = entry.1.min(ready);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            seen
+        });
+        Sampler { stop, thread }
+    }
+
+    fn stop(self) -> std::collections::BTreeMap<String, (usize, usize)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// `kubectl -n istio-system <args> -o json`, parsed.
+fn kubectl_json(c: &LocalCluster, args: &[&str]) -> Value {
+    let mut argv = vec!["-n", "istio-system"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["-o", "json"]);
+    serde_json::from_str(&c.kubectl(&argv).unwrap()).unwrap()
+}

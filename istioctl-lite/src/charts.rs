@@ -39,6 +39,9 @@ pub const CHARTS: [Chart; 3] = [
     },
 ];
 
+/// The node agent's chart directory (`Rendered::chart`).
+pub const CNI: &str = "cni";
+
 /// The control plane chart's directory (`Rendered::chart`).
 pub const CONTROL_PLANE: &str = "istiod-lite";
 

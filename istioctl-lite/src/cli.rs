@@ -161,6 +161,18 @@ pub struct UninstallArgs {
     /// Print what would be deleted without deleting it.
     #[arg(long)]
     pub dry_run: bool,
+    /// Delete the node agents as they are, leaving their CNI chain entry on the nodes
+    /// (new pods of ambient namespaces then wait for an agent). By default they are
+    /// first rolled to take the plugin off their node as they stop.
+    #[arg(long)]
+    pub keep_cni_config: bool,
+    /// Uninstall even while pods are in the mesh (their connections are then refused
+    /// until they restart).
+    #[arg(long)]
+    pub force: bool,
+    /// How long to wait for the agents' roll before deleting, e.g. 90s, 5m.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Subcommand, Debug)]

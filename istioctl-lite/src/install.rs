@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::Client;
+use shared_types::constants::{DATAPLANE_MODE_LABEL, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
 
 use crate::apply::{unknown_kind, Outcome, Resolver, FIELD_MANAGER};
 use crate::ca;
-use crate::charts::{self, describe, Rendered, CONTROL_PLANE};
+use crate::charts::{self, describe, Rendered, CNI, CONTROL_PLANE};
 use crate::cli::{Global, InstallArgs, UninstallArgs};
 use crate::kubeclient;
 
@@ -99,6 +100,10 @@ pub async fn uninstall(global: &Global, args: &UninstallArgs) -> Result<()> {
     }
     let client = kubeclient::client(global).await?;
     let resolver = Resolver::new(client.clone()).await?;
+    refuse_while_pods_are_enrolled(&client, args.force).await?;
+    if !args.keep_cni_config {
+        agents_uninstall_on_exit(&client, &resolver, args).await?;
+    }
     for obj in objects {
         match resolver.delete(obj).await? {
             Outcome::Done => println!("✔ {} deleted", describe(obj)),
@@ -119,6 +124,86 @@ pub async fn uninstall(global: &Global, args: &UninstallArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Pods the agents enrolled keep their redirection after the mesh is gone, and with
+/// no ztunnel their connections are refused until they restart: so they are to be
+/// taken out of the mesh first (the agents undo their rules), unless `force`.
+async fn refuse_while_pods_are_enrolled(client: &Client, force: bool) -> Result<()> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut namespaces: Vec<String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(REDIRECTION_ANNOTATION))
+                == Some(&REDIRECTION_ENABLED.to_owned())
+        })
+        .filter_map(|p| p.metadata.namespace.clone())
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    if namespaces.is_empty() {
+        return Ok(());
+    }
+    let advice: Vec<String> = namespaces
+        .iter()
+        .map(|ns| format!("  istioctl-lite dataplane-mode disable {ns}"))
+        .collect();
+    let message = format!(
+        "pods in {} are in the mesh: without ztunnel their connections would be refused until they restart. Take them out first:\n{}\n(pods labelled one by one: remove their label `{DATAPLANE_MODE_LABEL}`), or uninstall anyway with --force",
+        namespaces.join(", "),
+        advice.join("\n")
+    );
+    if force {
+        eprintln!("warning: {message}");
+        return Ok(());
+    }
+    bail!("{message}")
+}
+
+/// The agents keep their CNI chain entry when they stop, so that during an upgrade
+/// new pods wait for the next agent instead of starting outside the mesh. Before an
+/// uninstall they are rolled to take the entry and the plugin off their node as they
+/// stop (the cni chart's documented procedure: `uninstallOnExit=true`, then delete).
+async fn agents_uninstall_on_exit(
+    client: &Client,
+    resolver: &Resolver,
+    args: &UninstallArgs,
+) -> Result<()> {
+    let mut charts = args.charts.clone();
+    charts.set.push("cni.uninstallOnExit=true".into());
+    let rendered = charts::render(&charts)?;
+    let Some(cni) = rendered.iter().find(|r| r.chart == CNI) else {
+        return Ok(());
+    };
+    let agents: Vec<Workload> = cni.objects.iter().filter_map(Workload::of).collect();
+    let mut installed = Vec::new();
+    for w in &agents {
+        let api: Api<DaemonSet> = Api::namespaced(client.clone(), &w.namespace);
+        if api.get_opt(&w.name).await?.is_some() {
+            installed.push(w.clone());
+        }
+    }
+    if installed.is_empty() {
+        return Ok(());
+    }
+    for obj in &cni.objects {
+        resolver.apply(obj).await?;
+    }
+    println!("✔ node agents rolled to uninstall the CNI plugin as they stop");
+    wait_ready(
+        client,
+        &installed,
+        Instant::now() + args.timeout,
+        args.timeout,
+    )
+    .await
+    .context("the node agents did not roll out with uninstallOnExit=true; nothing was deleted (`--keep-cni-config` skips this step)")
 }
 
 async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
@@ -275,17 +360,20 @@ impl Workload {
     }
 }
 
-/// Ready means every scheduled pod is ready, and at least one is scheduled.
+/// Ready as `kubectl rollout status` means it: the controller has seen the latest
+/// spec, every scheduled pod runs it, every one is ready, and at least one is
+/// scheduled. (After an upgrade the old pods are ready too, but not updated.)
 pub fn ready_line(ds: Option<&DaemonSet>) -> (bool, String) {
     let status = ds.and_then(|d| d.status.as_ref());
     let ready = status.map(|s| s.number_ready).unwrap_or(0);
     let desired = status.map(|s| s.desired_number_scheduled).unwrap_or(0);
-    let done = desired > 0 && ready == desired;
-    (done, format!("{ready}/{desired} ready"))
+    let updated = status.and_then(|s| s.updated_number_scheduled).unwrap_or(0);
+    let done = desired > 0 && ready == desired && updated == desired && observed(ds);
+    (done, format!("{ready}/{desired} ready, {updated} updated"))
 }
 
 /// Available means as many available replicas as `spec.replicas` (readyReplicas when
-/// the server reports no availableReplicas), and at least one.
+/// the server reports no availableReplicas), and at least one, all of the latest spec.
 pub fn deployment_line(d: Option<&Deployment>) -> (bool, String) {
     let desired = d
         .and_then(|d| d.spec.as_ref())
@@ -295,8 +383,34 @@ pub fn deployment_line(d: Option<&Deployment>) -> (bool, String) {
     let available = status
         .and_then(|s| s.available_replicas.or(s.ready_replicas))
         .unwrap_or(0);
-    let done = d.is_some() && available >= desired.max(1);
+    let updated = status.and_then(|s| s.updated_replicas).unwrap_or(available);
+    let done = d.is_some() && available >= desired.max(1) && updated >= desired && observed(d);
     (done, format!("{available}/{desired} available"))
+}
+
+/// Whether the controller has acted on the object's latest generation.
+fn observed<K: kube::Resource + WithObservedGeneration>(obj: Option<&K>) -> bool {
+    let Some(obj) = obj else { return false };
+    match (obj.meta().generation, obj.observed_generation()) {
+        (Some(generation), Some(observed)) => observed >= generation,
+        _ => true,
+    }
+}
+
+trait WithObservedGeneration {
+    fn observed_generation(&self) -> Option<i64>;
+}
+
+impl WithObservedGeneration for DaemonSet {
+    fn observed_generation(&self) -> Option<i64> {
+        self.status.as_ref()?.observed_generation
+    }
+}
+
+impl WithObservedGeneration for Deployment {
+    fn observed_generation(&self) -> Option<i64> {
+        self.status.as_ref()?.observed_generation
+    }
 }
 
 /// Polls until every workload is ready, redrawing one line per workload in place on
@@ -362,18 +476,29 @@ mod tests {
 
     #[test]
     fn readiness_needs_all_scheduled_pods_and_at_least_one() {
-        let ds = |ready, desired| DaemonSet {
+        let ds = |ready, desired, updated| DaemonSet {
             status: Some(DaemonSetStatus {
                 number_ready: ready,
                 desired_number_scheduled: desired,
+                updated_number_scheduled: Some(updated),
                 ..Default::default()
             }),
             ..Default::default()
         };
         assert!(!ready_line(None).0);
-        assert!(!ready_line(Some(&ds(0, 0))).0);
-        assert!(!ready_line(Some(&ds(1, 2))).0);
-        assert_eq!(ready_line(Some(&ds(2, 2))), (true, "2/2 ready".into()));
+        assert!(!ready_line(Some(&ds(0, 0, 0))).0);
+        assert!(!ready_line(Some(&ds(1, 2, 2))).0);
+        assert_eq!(
+            ready_line(Some(&ds(2, 2, 2))),
+            (true, "2/2 ready, 2 updated".into())
+        );
+        // An upgrade in progress: the old pods are ready, not updated.
+        assert!(!ready_line(Some(&ds(2, 2, 1))).0);
+        // Nor before the controller has seen the new spec.
+        let mut unseen = ds(2, 2, 2);
+        unseen.metadata.generation = Some(3);
+        unseen.status.as_mut().unwrap().observed_generation = Some(2);
+        assert!(!ready_line(Some(&unseen)).0);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use e2e::cluster::{LocalCluster, Topology};
+use e2e::cluster::{LocalCluster, MeshInstall, Topology};
 use e2e::mesh::{metric_sum, ztunnel_metrics};
 use e2e::process::wait_for;
 
@@ -37,12 +37,12 @@ fn main() -> Result<()> {
         return standalone_demo();
     }
     step("Building a 2-node Kubernetes cluster in network namespaces");
-    // The node agent comes from the cni chart, as a Helm user installs it.
+    // The mesh comes from the charts, installed as a user installs it.
     let cluster = LocalCluster::with_topology(
         "demo",
         Topology {
             dual_stack: args.dual_stack,
-            agent_chart_values: Some(Vec::new()),
+            install: MeshInstall::Charts(Vec::new()),
             ..Topology::default()
         },
     )?;
@@ -52,12 +52,14 @@ fn main() -> Result<()> {
         cluster.control_plane.ns.name()
     );
     println!(
-        "   mesh CA: istiod-lite on {} (Istio's certificate service), the only holder of the CA key",
-        e2e::cluster::apiserver_proc::ISTIOD_ADDR
+        "   cluster DNS on {} and a service proxy (kube-proxy's iptables rules) on every node",
+        e2e::cluster::cluster_dns::CLUSTER_DNS
     );
+    println!("   $ istioctl-lite install     (the istiod-lite, cni and ztunnel charts, rendered by helm, applied)");
+    println!("   mesh CA: istiod-lite, Deployment istiod behind Service istiod.istio-system.svc:15012, the only holder of the CA key");
     for node in &cluster.nodes {
         println!(
-            "   {}: namespace {}, pods {} on bridge cni0 (made by the CNI bridge plugin), running cni-agent (a pod of DaemonSet istio-cni-node, from the cni chart) + ztunnel",
+            "   {}: namespace {}, pods {} on bridge cni0 (made by the CNI bridge plugin), running pods of DaemonSets istio-cni-node (cni-agent, host network) and ztunnel (its own pod network)",
             node.name,
             node.ns.name(),
             node.pod_cidrs().join(" and ")
@@ -71,25 +73,17 @@ fn main() -> Result<()> {
     if !holders.is_empty() {
         bail!("the CA key is on a node: {holders:?}");
     }
-    println!("   no file under any node's directories holds the CA key: each ztunnel has only a");
+    println!("   no file on any node outside istiod-lite's pods holds the CA key: each ztunnel has only a");
     println!("   projected token (audience istio-ca, bound to its pod) and the root certificate,");
     println!("   and asks istiod-lite for its pods' certificates (ImpersonatedIdentity).");
     step("The ztunnels learn the mesh from istiod-lite over xDS (none reads the API server)");
-    let xds = [
-        "proxy-status",
-        "--xds-address",
-        e2e::cluster::ISTIOD_ADDR,
-        "--xds-san",
-        "istiod.istio-system.svc",
-    ];
+    let xds = cluster.proxy_status_args();
+    let xds: Vec<&str> = xds.iter().map(String::as_str).collect();
     let status = wait_for("both ztunnels SYNCED", Duration::from_secs(30), || {
         let table = cluster.istioctl(&xds).ok()?;
         (table.matches("SYNCED").count() == 4).then_some(table)
     })?;
-    println!(
-        "   $ istioctl-lite proxy-status --xds-address {}",
-        e2e::cluster::ISTIOD_ADDR
-    );
+    println!("   $ istioctl-lite {}", xds.join(" "));
     println!("{}", indent(&status));
     if args.up {
         keep_up(&cluster)?;
@@ -183,7 +177,7 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
         ("destination_principal", dst),
     ];
     let bytes = wait_for("mutual-TLS traffic from the client", WAIT, || {
-        let m = ztunnel_metrics(&c.node(2).ns).ok()?;
+        let m = c.ztunnel_metrics(2).ok()?;
         let b = metric_sum(&m, "istio_tcp_received_bytes_total", &labels);
         (b > 0.0).then_some(b)
     })?;
@@ -191,7 +185,7 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
     println!("   destination identity: {dst}");
     println!("   bytes received over mutual TLS so far: {bytes}");
     let issued = metric_sum(
-        &c.control_plane.istiod_metrics().unwrap_or_default(),
+        &c.istiod_metrics().unwrap_or_default(),
         "citadel_server_success_cert_issuance_count_total",
         &[],
     );
@@ -201,7 +195,7 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
         ("source_principal", src),
         ("destination_principal", dst),
     ];
-    let source = ztunnel_metrics(&c.node(1).ns).unwrap_or_default();
+    let source = c.ztunnel_metrics(1).unwrap_or_default();
     let request = metric_sum(&source, "istio_tcp_received_bytes_total", &source_labels);
     let response = metric_sum(&source, "istio_tcp_sent_bytes_total", &source_labels);
     println!("   the client's ztunnel (node-1, reporter=source): {request} request bytes, {response} response bytes.");
@@ -239,14 +233,14 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
     let answer = c.send(NS, "client", "server:9000", 1000)?;
     println!("   $ e2e-app send --connect server:9000 --bytes 1000\n      {answer}");
     let queries = metric_sum(
-        &ztunnel_metrics(&c.node(1).ns).unwrap_or_default(),
+        &c.ztunnel_metrics(1).unwrap_or_default(),
         "istio_dns_requests_total",
         &[],
     );
     println!(
-        "   -> the pod's resolver asked 10.96.0.10 (kubelet's clusterDNS, served by nothing);"
+        "   -> the pod's resolver asked 10.96.0.10 (kubelet's clusterDNS, the cluster's DNS);"
     );
-    println!("      the node agent's DNS capture sent the query to ztunnel inside the pod, which");
+    println!("      the node agent's DNS capture sent the query to ztunnel inside the pod instead, which");
     println!("      answered with the Service's ClusterIP ({vip}); node-1's ztunnel has answered {queries} queries.");
 
     step("An AuthorizationPolicy denying a second client (identity demo/intruder)");
@@ -265,7 +259,7 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
         c.send(NS, "intruder", &target, 100).err()
     })?;
     println!("   the intruder's new connection now fails (ztunnel on node-2 answers 401):");
-    let m = ztunnel_metrics(&c.node(2).ns)?;
+    let m = c.ztunnel_metrics(2)?;
     println!(
         "   denials counted by node-2's ztunnel: {}",
         metric_sum(&m, "ztunnel_errors_total", &[("reason", "policy_denied")])

@@ -85,6 +85,17 @@ enum Cmd {
         #[arg(long)]
         log_queries: bool,
     },
+    /// The local cluster's DNS (CoreDNS's `kubernetes` plugin for Services): the
+    /// ClusterIPs of `<service>.<namespace>.svc.cluster.local`, read from the API
+    /// server at `--api`; NXDOMAIN for every other name.
+    ClusterDns {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        api: SocketAddr,
+        #[arg(long)]
+        log_queries: bool,
+    },
     /// Traffic that carries a marker: every `interval_ms`, a new connection to an echo
     /// server sends `bytes` bytes made of `marker` repeated, half-closes and checks the
     /// same bytes come back. Prints one JSON line per connection (`{"n": i, "ok": true}`
@@ -125,6 +136,11 @@ fn main() -> Result<()> {
             listen,
             log_queries,
         } => e2e::dns::serve(listen, log_queries),
+        Cmd::ClusterDns {
+            listen,
+            api,
+            log_queries,
+        } => e2e::cluster::cluster_dns::serve(listen, api, log_queries),
         Cmd::Stream {
             connect,
             marker,

@@ -30,7 +30,7 @@ pub const CLUSTER_NET6_PREFIX: &str = "fd00:10:1::";
 /// Service ClusterIP ranges of a dual-stack cluster, IPv4 primary.
 pub const DUAL_STACK_SERVICE_RANGES: &str = "10.96.0.0/16,fd00:10:96::/112";
 /// Name of the cluster network bridge.
-const BRIDGE: &str = "cnet";
+pub const BRIDGE: &str = "cnet";
 
 /// The control-plane namespace and the processes in it.
 pub struct ControlPlane {
@@ -38,8 +38,8 @@ pub struct ControlPlane {
     /// The istiod-lite replicas (pods `istiod-<i>`), None while one is stopped.
     pub istiods: Vec<Option<ChildGuard>>,
     pub apiserver: Option<ChildGuard>,
-    /// istiod's Service: held for its endpoint poller.
-    _service: ServiceProxy,
+    /// istiod's Service for the harness's replicas: held for its endpoint poller.
+    _service: Option<ServiceProxy>,
     pub ns: Netns,
     pub kubeconfig: PathBuf,
     /// The API server's serving certificate: the CA in-cluster clients trust.
@@ -54,7 +54,7 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Creates the namespace and the bridge and starts the API server and `replicas`
-    /// istiod-lite replicas behind istiod's Service; `dir` holds the kubeconfig and
+    /// istiod-lite replicas (none: istiod is installed as a Deployment) behind istiod's Service; `dir` holds the kubeconfig and
     /// the state file. `dual_stack`: Services may have IPv6 ClusterIPs too.
     pub fn start(tag: &str, dir: &Path, replicas: u8, dual_stack: bool) -> Result<Self> {
         let ns = Netns::new(&format!("{tag}cp"))?;
@@ -72,18 +72,22 @@ impl ControlPlane {
             ns.exec(&["ip", "addr", "add", &addr, "dev", BRIDGE])?;
         }
         ns.exec(&["ip", "link", "set", BRIDGE, "up"])?;
-        let service = ServiceProxy::start(
-            &ns,
-            ISTIOD_ADDR.parse()?,
-            (0..replicas)
-                .map(|i| -> Result<Endpoint> {
-                    Ok(Endpoint {
-                        serving: format!("{}:15012", replica_ip(i)).parse()?,
-                        ready: format!("{}:8080", replica_ip(i)).parse()?,
-                    })
-                })
-                .collect::<Result<_>>()?,
-        )?;
+        let service = (replicas > 0)
+            .then(|| {
+                ServiceProxy::start(
+                    &ns,
+                    ISTIOD_ADDR.parse()?,
+                    (0..replicas)
+                        .map(|i| -> Result<Endpoint> {
+                            Ok(Endpoint {
+                                serving: format!("{}:15012", replica_ip(i)).parse()?,
+                                ready: format!("{}:8080", replica_ip(i)).parse()?,
+                            })
+                        })
+                        .collect::<Result<_>>()?,
+                )
+            })
+            .transpose()?;
         let ca_dir = dir.join("control-plane").join("cacerts");
         crate::mesh::ca_init(&ca_dir)?;
         let mut cp = ControlPlane {

@@ -14,12 +14,14 @@
 
 pub mod api;
 pub mod apiserver_proc;
+pub mod cluster_dns;
 pub mod cni;
 pub mod container_env;
 pub mod container_log;
 pub mod containers;
 pub mod controllers;
 pub mod images;
+mod kube_proxy;
 pub mod kubelet;
 pub mod kubelet_server;
 pub mod node;
@@ -31,7 +33,8 @@ mod service_proxy;
 pub mod sweep;
 pub mod volumes;
 
-use std::path::Path;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -41,6 +44,7 @@ pub use api::Api;
 use apiserver_proc::ControlPlane;
 pub use apiserver_proc::{API_ADDR, ISTIOD_ADDR, ISTIOD_HOST};
 use controllers::Controllers;
+use kube_proxy::KubeProxy;
 use kubelet::{Kubelet, NodeInfo, PodHandle};
 pub use node::Node;
 
@@ -70,8 +74,21 @@ pub struct Topology {
     pub istiod_replicas: u8,
     pub dual_stack: bool,
     pub native_nftables: bool,
-    /// The node agent from the cni chart with these values (else the harness's).
-    pub agent_chart_values: Option<Vec<String>>,
+    pub install: MeshInstall,
+}
+
+/// Who runs the mesh's components on the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MeshInstall {
+    /// The harness starts istiod-lite, the node agents and ztunnels itself, for tests
+    /// that stop, kill or restart one of them at a chosen moment.
+    Harness,
+    /// The cni chart's DaemonSet runs the node agents (chart values); istiod-lite and
+    /// ztunnel as with [`MeshInstall::Harness`].
+    AgentChart(Vec<String>),
+    /// `istioctl-lite install --set <values>`: every component from its chart, on a
+    /// cluster with a DNS and a service proxy, as a user installs it.
+    Charts(Vec<String>),
 }
 
 impl Default for Topology {
@@ -81,19 +98,29 @@ impl Default for Topology {
             istiod_replicas: 1,
             dual_stack: false,
             native_nftables: native_nftables(),
-            agent_chart_values: None,
+            install: MeshInstall::Harness,
         }
     }
+}
+
+/// What CoreDNS and kube-proxy do for a cluster installed from the charts.
+struct ClusterServices {
+    // Drop order: the poller, then the server.
+    _proxy: KubeProxy,
+    dns: ChildGuard,
 }
 
 /// The running cluster. Fields drop in order: controllers, kubelets (pods), nodes,
 /// control plane.
 pub struct LocalCluster {
     controllers: Option<Controllers>,
+    /// DNS and service proxy, on a cluster installed from the charts.
+    services: Option<ClusterServices>,
     kubelets: Vec<Kubelet>,
     pub nodes: Vec<Node>,
     pub control_plane: ControlPlane,
     pub tag: String,
+    pub install: MeshInstall,
     dir: tempfile::TempDir,
     /// The leftover check already ran ([`LocalCluster::shutdown`]).
     torn_down: bool,
@@ -158,7 +185,22 @@ impl LocalCluster {
         Self::with_topology(
             tag,
             Topology {
-                agent_chart_values: Some(chart_values.iter().map(|v| v.to_string()).collect()),
+                install: MeshInstall::AgentChart(
+                    chart_values.iter().map(|v| v.to_string()).collect(),
+                ),
+                ..Topology::default()
+            },
+        )
+    }
+
+    /// Two nodes with every component installed by `istioctl-lite install` (with
+    /// `values` as `--set`s) from the charts: istiod-lite's Deployment behind its
+    /// Service, the cni and ztunnel DaemonSets, each pod run from its own spec.
+    pub fn with_mesh_from_charts(tag: &str, values: &[&str]) -> Result<Self> {
+        Self::with_topology(
+            tag,
+            Topology {
+                install: MeshInstall::Charts(values.iter().map(|v| v.to_string()).collect()),
                 ..Topology::default()
             },
         )
@@ -170,20 +212,26 @@ impl LocalCluster {
             istiod_replicas,
             dual_stack,
             native_nftables,
-            agent_chart_values,
+            install,
         } = topology;
         sweep::sweep_stale_processes();
         sweep::sweep_stale_dirs();
         let dir = tempfile::Builder::new()
             .prefix(&sweep::owner_marker())
             .tempdir()?;
-        let control_plane = ControlPlane::start(tag, dir.path(), istiod_replicas, dual_stack)?;
+        let harness_istiod = match install {
+            MeshInstall::Charts(_) => 0,
+            _ => istiod_replicas,
+        };
+        let control_plane = ControlPlane::start(tag, dir.path(), harness_istiod, dual_stack)?;
         let mut cluster = LocalCluster {
             controllers: None,
+            services: None,
             kubelets: Vec::new(),
             nodes: Vec::new(),
             control_plane,
             tag: tag.to_owned(),
+            install: install.clone(),
             dir,
             torn_down: false,
         };
@@ -200,20 +248,26 @@ impl LocalCluster {
                 .attach(&node.ns, 10 + index, dual_stack)?;
             cluster.nodes.push(node);
         }
-        for a in &cluster.nodes {
-            for b in cluster.nodes.iter().filter(|b| b.index != a.index) {
-                for (cidr, via) in b.pod_cidrs().iter().zip(b.ips()) {
+        // Pod routes: every node (and the control plane) reaches every other node's pods.
+        for b in &cluster.nodes {
+            for (cidr, via) in b.pod_cidrs().iter().zip(b.ips()) {
+                for a in cluster.nodes.iter().filter(|a| a.index != b.index) {
                     a.ns.exec(&["ip", "route", "add", cidr, "via", &via])?;
+                }
+                if !via.contains(':') {
+                    cluster
+                        .control_plane
+                        .ns
+                        .exec(&["ip", "route", "add", cidr, "via", &via])?;
                 }
             }
         }
-        let agent_from_chart = agent_chart_values.is_some();
-        cluster.create_objects(!agent_from_chart)?;
+        cluster.create_objects(&install)?;
         let api = cluster.api();
         for node in &mut cluster.nodes {
             node.agent_env
                 .push(("NATIVE_NFTABLES".into(), native_nftables.to_string()));
-            if !agent_from_chart {
+            if install == MeshInstall::Harness {
                 node.start_agent()?;
             }
         }
@@ -230,10 +284,10 @@ impl LocalCluster {
                 root: node.root_dir(),
                 pods_dir: node.dir.join("pods"),
                 // The chart's agent names its run dir by its node path.
-                plugin_binds: if agent_from_chart {
-                    vec![(node.run_dir(), node::NODE_AGENT_RUN_DIR.to_owned())]
-                } else {
+                plugin_binds: if install == MeshInstall::Harness {
                     Vec::new()
+                } else {
+                    vec![(node.run_dir(), node::NODE_AGENT_RUN_DIR.to_owned())]
                 },
                 api_addr: apiserver_proc::api_addr(),
             };
@@ -243,10 +297,18 @@ impl LocalCluster {
             cluster.api(),
             cluster.control_plane.api_ca.clone(),
         ));
-        if let Some(values) = agent_chart_values {
-            let mut values = values;
-            values.push(format!("nativeNftables={native_nftables}"));
-            cluster.install_agent_chart(&values)?;
+        match install {
+            MeshInstall::Harness => {}
+            MeshInstall::AgentChart(mut values) => {
+                values.push(format!("nativeNftables={native_nftables}"));
+                cluster.install_agent_chart(&values)?;
+            }
+            MeshInstall::Charts(mut values) => {
+                cluster.services = Some(cluster.start_services()?);
+                values.push(format!("nativeNftables={native_nftables}"));
+                cluster.istioctl_install(&values)?;
+                return Ok(cluster);
+            }
         }
         for node in &mut cluster.nodes {
             let pod = ztunnel_pod(&api, &node.name)?;
@@ -254,6 +316,117 @@ impl LocalCluster {
             node.start_ztunnel()?;
         }
         Ok(cluster)
+    }
+
+    /// The cluster's DNS and service proxy (what CoreDNS and kube-proxy do); the
+    /// control plane resolves cluster names too, so istioctl-lite finds istiod there.
+    fn start_services(&self) -> Result<ClusterServices> {
+        let cp = &self.control_plane;
+        let (service, endpoints) = cluster_dns::objects(apiserver_proc::api_addr().ip());
+        let api = self.api();
+        api.create_if_absent(
+            "/api/v1/namespaces",
+            &objects::namespace("kube-system", &[]),
+        )?;
+        api.create_if_absent("/api/v1/namespaces/kube-system/services", &service)?;
+        api.create_if_absent("/api/v1/namespaces/kube-system/endpoints", &endpoints)?;
+        let mut cmd = cp
+            .ns
+            .command(crate::mesh::binary("e2e-app")?.to_str().context("path")?);
+        cmd.args(["cluster-dns", "--listen"])
+            .arg(SocketAddr::new(apiserver_proc::api_addr().ip(), 53).to_string())
+            .arg("--api")
+            .arg(apiserver_proc::api_addr().to_string())
+            .env(sweep::OWNER_ENV, sweep::cluster_marker(&self.tag));
+        let dns = ChildGuard::spawn(&format!("cluster-dns-{}", self.tag), cmd)?;
+        // The namespaces' own connections to a ClusterIP need a route before OUTPUT's
+        // DNAT picks the endpoint (a host's default route, elsewhere).
+        let service_range = crate::apiserver::service_ips::DEFAULT_RANGE;
+        for node in &self.nodes {
+            node.ns
+                .exec(&["ip", "route", "add", service_range, "dev", "eth0"])?;
+        }
+        cp.ns.exec(&[
+            "ip",
+            "route",
+            "add",
+            service_range,
+            "dev",
+            apiserver_proc::BRIDGE,
+        ])?;
+        let mut netns: Vec<String> = self.nodes.iter().map(|n| n.ns.name().to_owned()).collect();
+        netns.push(cp.ns.name().to_owned());
+        let proxy = KubeProxy::start(self.api(), netns)?;
+        cp.ns.set_resolv_conf(&crate::dns::pod_resolv_conf(
+            cluster_dns::CLUSTER_DNS,
+            SYSTEM_NAMESPACE,
+            cluster_dns::CLUSTER_DOMAIN,
+        ))?;
+        Ok(ClusterServices { _proxy: proxy, dns })
+    }
+
+    /// `istioctl-lite install` with `values`, as a user runs it (again: an upgrade):
+    /// the CA Secret from the harness's CA (the plug-in CA flow, so tests know the
+    /// root), then the charts, waiting for each workload's rollout.
+    pub fn istioctl_install(&self, values: &[String]) -> Result<()> {
+        self.create_ca_secret()?;
+        self.istioctl_charts("install", values)
+    }
+
+    /// `istioctl-lite uninstall` (every chart's objects but the CA Secret).
+    pub fn istioctl_uninstall(&self) -> Result<()> {
+        self.istioctl_charts("uninstall", &[])
+    }
+
+    fn istioctl_charts(&self, verb: &str, values: &[String]) -> Result<()> {
+        let charts = crate::charts::charts_dir();
+        let mut args: Vec<String> = vec![
+            verb.into(),
+            "--charts-dir".into(),
+            charts.to_string_lossy().into_owned(),
+        ];
+        if verb == "install" {
+            args.extend(["--timeout".into(), "90s".into()]);
+        }
+        for v in values {
+            args.extend(["--set".into(), v.clone()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.istioctl(&args).with_context(|| {
+            let events = self.kubectl(&["get", "events", "-A"]).unwrap_or_default();
+            let pods = self
+                .kubectl(&["get", "pods", "-A", "-o", "wide"])
+                .unwrap_or_default();
+            format!("{pods}\n{events}\n{}", self.system_pod_logs())
+        })?;
+        Ok(())
+    }
+
+    /// Secret `cacerts` from the control plane's CA files, as `kubectl create secret
+    /// generic cacerts --from-file=<dir>` makes it.
+    fn create_ca_secret(&self) -> Result<()> {
+        use base64::Engine as _;
+        let mut data = serde_json::Map::new();
+        for entry in std::fs::read_dir(&self.control_plane.ca_dir)? {
+            let path = entry?.path();
+            if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                let bytes = std::fs::read(&path)?;
+                data.insert(
+                    name.to_owned(),
+                    base64::engine::general_purpose::STANDARD
+                        .encode(bytes)
+                        .into(),
+                );
+            }
+        }
+        self.api().create_if_absent(
+            &format!("/api/v1/namespaces/{SYSTEM_NAMESPACE}/secrets"),
+            &serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "cacerts", "namespace": SYSTEM_NAMESPACE},
+                "type": "Opaque", "data": data,
+            }),
+        )
     }
 
     /// Renders the cni chart with `values` and applies it; waits until its DaemonSet
@@ -302,16 +475,27 @@ impl LocalCluster {
                 .into_iter()
                 .filter(|(ns, _)| ns == SYSTEM_NAMESPACE)
             {
-                let log = k.log(&ns, &name).unwrap_or_default();
+                // A crashing container's words are in the instance before this one.
+                let log = k
+                    .log(&ns, &name)
+                    .filter(|l| !l.trim().is_empty())
+                    .or_else(|| k.container_log(&ns, &name, None, true))
+                    .unwrap_or_default();
                 text.push_str(&format!("--- {ns}/{name} ---\n{}\n", tail(&log, 40)));
             }
+        }
+        if let Some(services) = &self.services {
+            text.push_str(&format!(
+                "--- cluster DNS ---\n{}\n",
+                tail(&services.dns.log(), 20)
+            ));
         }
         text
     }
 
     /// Node objects, the system namespace and the DaemonSets standing for the mesh
-    /// components the harness runs (the agent's only when `harness_agent`).
-    fn create_objects(&self, harness_agent: bool) -> Result<()> {
+    /// components the harness runs.
+    fn create_objects(&self, install: &MeshInstall) -> Result<()> {
         let api = self.api();
         for node in &self.nodes {
             api.create_if_absent(
@@ -323,6 +507,9 @@ impl LocalCluster {
             "/api/v1/namespaces",
             &objects::namespace(SYSTEM_NAMESPACE, &[]),
         )?;
+        if let MeshInstall::Charts(_) = install {
+            return Ok(());
+        }
         // `default` as the service account controller makes it (istioctl's XDS token).
         for sa in ["ztunnel", "default"] {
             api.create_if_absent(
@@ -332,7 +519,7 @@ impl LocalCluster {
         }
         let path = format!("/apis/apps/v1/namespaces/{SYSTEM_NAMESPACE}/daemonsets");
         let mut harness_run = vec![("ztunnel", "ztunnel")];
-        if harness_agent {
+        if *install == MeshInstall::Harness {
             harness_run.push(("istio-cni-node", "istio-cni-node"));
         }
         for (name, app) in harness_run {
@@ -344,13 +531,27 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Files under the nodes' directories that hold the mesh CA's key (by name or
-    /// content). Empty is the point: only istiod-lite has it.
+    /// Files under the nodes' directories, outside istiod-lite's own pods (their
+    /// `cacerts` volume), that hold the mesh CA's key (by name or content). Empty is
+    /// the point: no agent, ztunnel or other pod has it.
     pub fn node_files_with_ca_key(&self) -> Result<Vec<std::path::PathBuf>> {
         let key = std::fs::read_to_string(self.control_plane.ca_dir.join("ca-key.pem"))?;
+        let istiod_pods: Vec<String> = self
+            .api()
+            .list(&format!(
+                "/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods?labelSelector=app%3Distiod"
+            ))?
+            .iter()
+            .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+            .collect();
         let mut found = Vec::new();
         for node in &self.nodes {
-            for file in files_under(&node.dir) {
+            let pods_dir = node.dir.join("pods");
+            let istiods: Vec<PathBuf> = istiod_pods.iter().map(|uid| pods_dir.join(uid)).collect();
+            for file in files_under(&node.dir)
+                .into_iter()
+                .filter(|f| !istiods.iter().any(|dir| f.starts_with(dir)))
+            {
                 let text = std::fs::read(&file).unwrap_or_default();
                 if file.ends_with("ca-key.pem")
                     || String::from_utf8_lossy(&text).contains(key.trim())
@@ -434,13 +635,14 @@ impl LocalCluster {
             format!("k -n {SYSTEM_NAMESPACE} logs ds/istio-cni-node"),
             format!(
                 "ip netns exec {} {} --kubeconfig {kubeconfig} ztunnel-config workloads --ztunnel-admin 127.0.0.1:15000",
-                self.node(1).ns.name(),
+                self.ztunnel_netns(1)?,
                 istioctl.display()
             ),
             format!(
-                "ip netns exec {} {} --kubeconfig {kubeconfig} proxy-status --xds-address {ISTIOD_ADDR} --xds-san {ISTIOD_HOST}",
+                "ip netns exec {} {} --kubeconfig {kubeconfig} {}",
                 self.control_plane.ns.name(),
-                istioctl.display()
+                istioctl.display(),
+                self.proxy_status_args().join(" ")
             ),
         ])
     }
@@ -573,12 +775,11 @@ impl LocalCluster {
     /// at `ip` takes HBONE. Between the agent's annotation and this moment a new
     /// connection to the pod still goes out as plain TCP, as with Istio.
     pub fn wait_ztunnel_sees_hbone(&self, node: u8, ip: &str, timeout: Duration) -> Result<()> {
-        let ns = &self.node(node).ns;
         wait_for(
             &format!("node {node}'s ztunnel to see {ip} as HBONE"),
             timeout,
             || {
-                let dump = crate::mesh::http_get(ns, "http://127.0.0.1:15000/config_dump").ok()?;
+                let dump = self.ztunnel_get(node, "127.0.0.1:15000/config_dump").ok()?;
                 let dump: Value = serde_json::from_str(&dump).ok()?;
                 dump["workloads"]
                     .as_array()?
@@ -592,6 +793,91 @@ impl LocalCluster {
                     .then_some(())
             },
         )
+    }
+
+    /// The network namespace node `node`'s ztunnel runs in: the node's when the
+    /// harness runs it, else its pod's (the newest ready one while a rollout surges).
+    pub fn ztunnel_netns(&self, node: u8) -> Result<String> {
+        let node = self.node(node);
+        if !matches!(self.install, MeshInstall::Charts(_)) {
+            return Ok(node.ns.name().to_owned());
+        }
+        let pods = self.api().list(&format!(
+            "/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods?labelSelector=app%3Dztunnel"
+        ))?;
+        let newest_ready = pods
+            .iter()
+            .filter(|p| p["spec"]["nodeName"] == node.name.as_str() && controllers::ready(p))
+            .max_by_key(|p| {
+                p["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .with_context(|| format!("no ready ztunnel pod on {}", node.name))?;
+        let name = newest_ready["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default();
+        let handle = self
+            .pod(SYSTEM_NAMESPACE, name)
+            .with_context(|| format!("ztunnel pod {name} has no sandbox"))?;
+        Ok(handle.netns)
+    }
+
+    /// `http://<addr_path>` fetched in node `node`'s ztunnel's namespace (its admin
+    /// port listens on localhost only).
+    pub fn ztunnel_get(&self, node: u8, addr_path: &str) -> Result<String> {
+        let netns = self.ztunnel_netns(node)?;
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &netns])
+            .arg(crate::mesh::binary("e2e-app")?)
+            .args(["get", &format!("http://{addr_path}")])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "GET {addr_path} in {netns}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `istioctl-lite proxy-status` as run from the control-plane namespace: istiod's
+    /// Service by its name (the cluster's DNS) when installed from the charts, else
+    /// the harness's Service address, checked against istiod's name.
+    pub fn proxy_status_args(&self) -> Vec<String> {
+        let mut args = vec!["proxy-status".to_owned()];
+        if !matches!(self.install, MeshInstall::Charts(_)) {
+            args.extend(["--xds-address", ISTIOD_ADDR, "--xds-san", ISTIOD_HOST].map(String::from));
+        }
+        args
+    }
+
+    /// Prometheus text of istiod-lite: replica 0's, or when installed from the charts
+    /// every ready replica's one after the other (sums add up across replicas).
+    pub fn istiod_metrics(&self) -> Result<String> {
+        if !matches!(self.install, MeshInstall::Charts(_)) {
+            return self.control_plane.istiod_metrics();
+        }
+        let pods = self.api().list(&format!(
+            "/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods?labelSelector=app%3Distiod"
+        ))?;
+        let mut text = String::new();
+        for ip in pods
+            .iter()
+            .filter(|p| controllers::ready(p))
+            .filter_map(|p| p["status"]["podIP"].as_str())
+        {
+            text += &crate::mesh::http_get(
+                &self.control_plane.ns,
+                &format!("http://{ip}:15014/metrics"),
+            )?;
+        }
+        Ok(text)
+    }
+
+    /// Prometheus text from node `node`'s ztunnel.
+    pub fn ztunnel_metrics(&self, node: u8) -> Result<String> {
+        self.ztunnel_get(node, "127.0.0.1:15020/metrics")
     }
 
     /// Messages of the events recorded about a pod.
@@ -685,9 +971,13 @@ impl LocalCluster {
             wait_for(
                 &format!("ztunnel on {} to be ready", node.name),
                 timeout,
-                || node.ztunnel_ready().then_some(()),
+                || {
+                    self.ztunnel_get(node.index, "127.0.0.1:15021/healthz/ready")
+                        .ok()
+                        .map(drop)
+                },
             )
-            .with_context(|| node.logs())?;
+            .with_context(|| format!("{}{}", node.logs(), self.system_pod_logs()))?;
         }
         Ok(())
     }
@@ -709,6 +999,7 @@ impl LocalCluster {
 
     fn stop_processes(&mut self) -> Result<()> {
         drop(self.controllers.take());
+        drop(self.services.take());
         self.kubelets.clear();
         for node in &mut self.nodes {
             drop(node.ztunnel.take());

@@ -42,6 +42,8 @@ pub struct Rootfs {
 pub struct Identity {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// Supplementary groups: `fsGroup` and `supplementalGroups`.
+    pub groups: Vec<u32>,
     /// The capability set (lower-case names without `cap_`); `None` keeps the
     /// runtime's default set, as `privileged: true` keeps all.
     pub capabilities: Option<Vec<String>>,
@@ -109,9 +111,20 @@ impl Identity {
             }
             Some(set)
         };
+        let mut groups = Vec::new();
+        for g in p["fsGroup"].as_u64().into_iter().chain(
+            p["supplementalGroups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_u64),
+        ) {
+            groups.push(u32::try_from(g)?);
+        }
         Ok(Identity {
             uid: id("runAsUser")?,
             gid: id("runAsGroup")?,
+            groups,
             capabilities,
             no_new_privs: c["allowPrivilegeEscalation"] == false,
         })
@@ -122,7 +135,14 @@ impl Identity {
         let mut args = Vec::new();
         if let Some(gid) = self.gid.or(self.uid.map(|_| 0)) {
             args.push(format!("--regid={gid}"));
-            args.push("--clear-groups".into());
+        }
+        if self.gid.is_some() || self.uid.is_some() || !self.groups.is_empty() {
+            if self.groups.is_empty() {
+                args.push("--clear-groups".into());
+            } else {
+                let list: Vec<String> = self.groups.iter().map(u32::to_string).collect();
+                args.push(format!("--groups={}", list.join(",")));
+            }
         }
         if let Some(uid) = self.uid {
             args.push(format!("--reuid={uid}"));
@@ -230,6 +250,7 @@ fn rootfs_script(fs: &Rootfs) -> Result<String> {
         "mount -t tmpfs -o mode=755 container-root {}\n",
         quote(&root)
     );
+    let mut read_only_later = Vec::new();
     for dir in DISTRO_DIRS {
         let host = Path::new("/").join(dir);
         match std::fs::symlink_metadata(&host) {
@@ -240,6 +261,18 @@ fn rootfs_script(fs: &Rootfs) -> Result<String> {
                     quote(&target.display().to_string()),
                     r(&format!("/{dir}"))
                 );
+            }
+            Ok(m) if m.is_dir() && mounts_inside(fs, dir) => {
+                // A volume's mount point must be made in it: the host's dir as the
+                // lower layer of an overlay whose upper layer lives and dies with this
+                // mount namespace, read-only once the volumes are in.
+                let at = r(&format!("/{dir}"));
+                let layer = quote(&format!("{root}.layers/{dir}"));
+                s += &format!(
+                    "mkdir -p {layer}\nmount -t tmpfs layer {layer}\nmkdir {layer}/upper {layer}/work {at}\n\
+                     mount -t overlay overlay -o lowerdir=/{dir},upperdir={layer}/upper,workdir={layer}/work {at}\n"
+                );
+                read_only_later.push((*dir, at));
             }
             Ok(m) if m.is_dir() => {
                 let at = r(&format!("/{dir}"));
@@ -277,13 +310,9 @@ fn rootfs_script(fs: &Rootfs) -> Result<String> {
         if !m.target.starts_with('/') || m.target.contains("/../") || m.target.ends_with("/..") {
             bail!("mountPath {:?} must be absolute and plain", m.target);
         }
-        if DISTRO_DIRS
-            .iter()
-            .any(|d| m.target == format!("/{d}") || m.target.starts_with(&format!("/{d}/")))
-            && !m.target.starts_with("/usr/local/")
-        {
+        if DISTRO_DIRS.iter().any(|d| m.target == format!("/{d}")) {
             bail!(
-                "mountPath {:?} is inside the image's read-only distribution",
+                "mountPath {:?} would hide the image's distribution",
                 m.target
             );
         }
@@ -299,10 +328,26 @@ fn rootfs_script(fs: &Rootfs) -> Result<String> {
             s += &format!("mount -o remount,bind,ro {at}\n");
         }
     }
+    for (dir, at) in read_only_later {
+        // The overlay sees the host's own resolv.conf, not the namespace's that
+        // `ip netns exec` bound over it: the pod's DNS settings go back on top.
+        if dir == "etc" {
+            s += &format!("mount --bind /etc/resolv.conf {at}/resolv.conf\n");
+        }
+        s += &format!("mount -o remount,ro {at}\n");
+    }
     if fs.read_only_root {
         s += &format!("mount -o remount,ro {}\n", quote(&root));
     }
     Ok(s)
+}
+
+/// Whether a volume is mounted inside the distribution's `dir` (not `/usr/local`,
+/// which has a tmpfs of its own).
+fn mounts_inside(fs: &Rootfs, dir: &str) -> bool {
+    fs.mounts
+        .iter()
+        .any(|m| m.target.starts_with(&format!("/{dir}/")) && !m.target.starts_with("/usr/local/"))
 }
 
 /// `word` as one shell word.
@@ -360,7 +405,7 @@ mod tests {
     }
 
     #[test]
-    fn mount_paths_must_stay_out_of_the_distribution() {
+    fn mount_paths_inside_the_distribution_get_an_overlay() {
         let fs = |target: &str| Rootfs {
             root: "/nonexistent".into(),
             mounts: vec![Mount {
@@ -370,7 +415,13 @@ mod tests {
             }],
             ..Rootfs::default()
         };
-        assert!(rootfs_script(&fs("/etc/x")).is_err());
+        // Hiding a whole distribution dir is refused; a mount point inside one is made
+        // in an overlay's upper layer, read-only once the volumes are in.
+        assert!(rootfs_script(&fs("/etc")).is_err());
+        let etc = rootfs_script(&fs("/etc/cacerts")).unwrap();
+        assert!(etc.contains("mount -t overlay overlay -o lowerdir=/etc,"), "{etc}");
+        assert!(etc.contains("mount -o remount,ro '/nonexistent/etc'"), "{etc}");
+        assert!(!etc.contains("mount --rbind /etc"), "{etc}");
         assert!(rootfs_script(&fs("relative")).is_err());
         assert!(rootfs_script(&fs("/a/../etc")).is_err());
         let ok = rootfs_script(&fs("/var/run/secrets/tokens")).unwrap();

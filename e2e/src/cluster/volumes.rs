@@ -35,6 +35,8 @@ pub struct PodVolumes {
     sources: BTreeMap<String, PathBuf>,
     /// Tokens to renew, with when.
     tokens: Vec<(ProjectedToken, SystemTime)>,
+    /// The pod's `fsGroup`, and the volumes it owns (all but hostPaths).
+    fs_group: Option<(u32, Vec<PathBuf>)>,
 }
 
 impl PodVolumes {
@@ -42,17 +44,27 @@ impl PodVolumes {
     /// filesystem tree. A missing ConfigMap or Secret that is not optional fails, as
     /// kubelet's `FailedMount`.
     pub fn prepare(api: &Api, node_root: &Path, pod: &Value, dir: &Path) -> Result<Self> {
+        let fs_group = pod["spec"]["securityContext"]["fsGroup"]
+            .as_u64()
+            .map(u32::try_from)
+            .transpose()
+            .context("fsGroup")?;
         let mut volumes = PodVolumes {
             sources: BTreeMap::new(),
             tokens: Vec::new(),
+            fs_group: fs_group.map(|gid| (gid, Vec::new())),
         };
         for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
             let name = v["name"].as_str().context("a volume without a name")?;
             let path = volumes
                 .materialize(api, pod, v, &dir.join(name), node_root)
                 .with_context(|| format!("MountVolume.SetUp failed for volume {name:?}"))?;
+            if let (Some((_, owned)), false) = (&mut volumes.fs_group, v["hostPath"].is_object()) {
+                owned.push(path.clone());
+            }
             volumes.sources.insert(name.to_owned(), path);
         }
+        volumes.apply_fs_group()?;
         Ok(volumes)
     }
 
@@ -128,15 +140,33 @@ impl PodVolumes {
             .collect()
     }
 
+    /// kubelet's volume ownership for `fsGroup`: the group owns every file and may
+    /// read it (and write it in writable volumes); directories are setgid, so files
+    /// made later belong to the group too.
+    fn apply_fs_group(&self) -> Result<()> {
+        let Some((gid, owned)) = &self.fs_group else {
+            return Ok(());
+        };
+        for root in owned {
+            set_group_ownership(root, *gid)?;
+        }
+        Ok(())
+    }
+
     /// Renews the tokens that are due.
     pub fn refresh(&mut self, api: &Api) {
         let now = SystemTime::now();
+        let mut renewed = false;
         for (token, at) in &mut self.tokens {
             if now >= *at {
                 if let Ok(next) = write_token(api, token) {
                     *at = next;
+                    renewed = true;
                 }
             }
+        }
+        if renewed {
+            let _ = self.apply_fs_group();
         }
     }
 
@@ -211,6 +241,36 @@ impl PodVolumes {
 /// `defaultMode` of a configMap or secret volume (0644 when unset).
 fn mode(volume: &Value, kind: &str) -> u32 {
     volume[kind]["defaultMode"].as_u64().unwrap_or(0o644) as u32
+}
+
+/// `fsGroup` ownership of the tree at `path` (as kubelet's SetVolumeOwnership): group
+/// `gid`; files gain group read (and write unless read-only by mode, as ConfigMap,
+/// Secret and projected files are), directories group access and setgid.
+fn set_group_ownership(path: &Path, gid: u32) -> Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(path, None, Some(gid))
+        .with_context(|| format!("chown {}", path.display()))?;
+    let mode = meta.permissions().mode();
+    let group = if meta.is_dir() {
+        0o2000 | 0o050 | (mode & 0o020)
+    } else if mode & 0o200 == 0 {
+        0o040
+    } else {
+        0o060
+    };
+    std::fs::set_permissions(
+        path,
+        std::fs::Permissions::from_mode((mode & 0o7777) | group),
+    )?;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            set_group_ownership(&entry?.path(), gid)?;
+        }
+    }
+    Ok(())
 }
 
 /// A ConfigMap's or Secret's keys (or its `items`) as files in `dir`.

@@ -20,8 +20,8 @@ mod sandbox;
 mod status;
 
 use launch::{container_command, with_api_access};
+pub use sandbox::Sandbox;
 use sandbox::{create_sandbox, teardown_sandbox, Network};
-pub use sandbox::{Sandbox, CLUSTER_DNS};
 use status::{pod_status, status_path, waiting_status, Conditions};
 
 use super::api::{query_escape, Api};

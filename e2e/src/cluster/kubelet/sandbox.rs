@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::NodeInfo;
 use crate::cluster::api::Api;
+use crate::cluster::cluster_dns::CLUSTER_DNS;
 use crate::cluster::cni::{self, NetConfList, Runtime};
 use crate::cluster::containers::Container;
 use crate::cluster::volumes::PodVolumes;
@@ -144,11 +145,6 @@ pub(super) fn pod_network(
     }));
     Ok((network, ips))
 }
-
-/// kubelet's `clusterDNS`: the usual kube-dns ClusterIP (the local API server never
-/// hands it to a Service). Nothing serves it here; in an enrolled pod the node agent's
-/// DNS capture sends its queries to ztunnel instead.
-pub const CLUSTER_DNS: &str = "10.96.0.10";
 
 /// Runs CNI DEL with the cached result and deletes the namespace (any container
 /// still running is killed first).
