@@ -150,21 +150,6 @@ fn the_cni_charts_daemonset_runs_the_node_agent_that_enrolls_pods() {
     );
     assert!(mtls >= 10_000.0, "the bytes crossed HBONE: {mtls}");
 
-    // Every command `make demo-up` prints works here, in a root shell.
-    let commands = c.try_it_commands().unwrap();
-    let (alias, lines) = commands.split_first().unwrap();
-    for line in lines {
-        let script = format!("set -e\n{alias}\n{line}\n");
-        wait_for(line, T, || {
-            let out = std::process::Command::new("bash")
-                .args(["-O", "expand_aliases", "-c", &script])
-                .output()
-                .ok()?;
-            out.status.success().then_some(())
-        })
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    }
-
     // Upgrade: a changed value rolls the DaemonSet node by node (maxUnavailable 1);
     // a connection between enrolled pods lives through both agents' replacement.
     let echo = ["e2e-app", "echo", "--listen", "0.0.0.0:9001"];
@@ -323,6 +308,22 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
     );
     assert!(mtls >= 10_000.0, "the bytes crossed HBONE: {mtls}");
 
+    // Every command `make demo-up` prints (the demo's cluster is this one) works here,
+    // in a root shell.
+    let commands = c.try_it_commands().unwrap();
+    let (alias, lines) = commands.split_first().unwrap();
+    for line in lines {
+        let script = format!("set -e\n{alias}\n{line}\n");
+        wait_for(line, T, || {
+            let out = std::process::Command::new("bash")
+                .args(["-O", "expand_aliases", "-c", &script])
+                .output()
+                .ok()?;
+            out.status.success().then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
     // ztunnel's rollout under traffic: a long-lived connection, and a new connection
     // every 100 ms, both from node-1 to node-2 through both nodes' ztunnels.
     let old_ztunnels = pod_names(&c, "app%3Dztunnel");
@@ -426,7 +427,8 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
     // connections would be refused until they restart.
     let refused = format!("{:#}", c.istioctl_uninstall().unwrap_err());
     assert!(
-        refused.contains("pods in m are in the mesh")
+        // `default` too: the demo's commands enrolled a pod there.
+        refused.contains("pods in default, m are in the mesh")
             && refused.contains("dataplane-mode disable m"),
         "{refused}"
     );
@@ -437,7 +439,9 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
         .is_some());
     // Taken out of the mesh first (the agents undo their rules), the pods keep
     // talking, in plain TCP, through and after the uninstall.
-    c.istioctl(&["dataplane-mode", "disable", "m"]).unwrap();
+    for ns in ["default", "m"] {
+        c.istioctl(&["dataplane-mode", "disable", ns]).unwrap();
+    }
     assert_eq!(c.redirection_of("m", "client").unwrap(), "none");
     // Every chart's object goes but the CA Secret; the agents, rolled to uninstall on
     // exit first, take the plugin out of each node's chain, so new pods do not wait.

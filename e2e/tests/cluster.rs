@@ -40,7 +40,7 @@ fn principal(ns: &str, sa: &str) -> String {
 
 /// Bytes the destination node's ztunnel received over mTLS from `src` to `dst`.
 fn mtls_bytes(c: &LocalCluster, dst_node: u8, src: (&str, &str), dst: (&str, &str)) -> f64 {
-    let text = c.node(dst_node).ztunnel_metrics().unwrap_or_default();
+    let text = c.ztunnel_metrics(dst_node).unwrap_or_default();
     let (sp, dp) = (principal(src.0, src.1), principal(dst.0, dst.1));
     metric_sum(
         &text,
@@ -59,12 +59,7 @@ fn assert_mtls(c: &LocalCluster, dst_node: u8, src: (&str, &str), dst: (&str, &s
     wait_for("mutual-TLS bytes in ztunnel's metrics", T, || {
         (mtls_bytes(c, dst_node, src, dst) >= bytes).then_some(())
     })
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}",
-            c.node(dst_node).ztunnel_metrics().unwrap_or_default()
-        )
-    });
+    .unwrap_or_else(|e| panic!("{e}: {}", c.ztunnel_metrics(dst_node).unwrap_or_default()));
 }
 
 // ---------------------------------------------------------------- infrastructure
@@ -230,10 +225,13 @@ fn teardown_leaves_no_namespace_link_or_process() {
         names.push(h.netns);
         pids.extend(h.pids);
     }
-    for node in &c.nodes {
-        pids.extend(node.agent.as_ref().map(|p| p.pid()));
-        pids.extend(node.ztunnel.as_ref().map(|p| p.pid()));
+    // The mesh's pods (installed from the charts) and their namespaces.
+    for name in c.pod_names_in("istio-system") {
+        let h = c.pod("istio-system", &name).unwrap();
+        names.push(h.netns);
+        pids.extend(h.pids);
     }
+    assert!(pids.len() >= 2 + 6, "pods' processes: {pids:?}");
     pids.extend(c.control_plane.apiserver.as_ref().map(|p| p.pid()));
     drop(c);
     let list = std::process::Command::new("ip")
@@ -314,9 +312,19 @@ fn process_alive(pid: u32) -> bool {
 
 // ---------------------------------------------------------------- the mesh
 
-/// A cluster with the ambient namespace `m` and ready ztunnels.
+/// A cluster installed from the charts, with the ambient namespace `m` and ready
+/// ztunnels.
 fn mesh_cluster(tag: &str) -> LocalCluster {
-    let c = LocalCluster::start(tag).unwrap();
+    with_mesh_namespace(LocalCluster::start(tag).unwrap())
+}
+
+/// The same with the mesh's processes run by the harness, for the tests that stop,
+/// restart or reconfigure one of them at a moment of their choosing.
+fn harness_cluster(tag: &str) -> LocalCluster {
+    with_mesh_namespace(LocalCluster::with_harness(tag).unwrap())
+}
+
+fn with_mesh_namespace(c: LocalCluster) -> LocalCluster {
     c.create_namespace("m", &[AMBIENT]).unwrap();
     c.wait_ztunnels_ready(T).unwrap();
     c
@@ -448,7 +456,7 @@ fn an_authorization_policy_denies_one_client_and_not_the_other() {
     .unwrap();
     send_ok(&c, "m", "client", &target, 4_000);
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 4_000.0);
-    let m = c.node(2).ztunnel_metrics().unwrap();
+    let m = c.ztunnel_metrics(2).unwrap();
     assert!(
         metric_sum(&m, "ztunnel_errors_total", &[("reason", "policy_denied")]) >= 1.0,
         "{m}"
@@ -526,7 +534,7 @@ fn a_long_lived_connection_survives_an_agent_restart() {
         return;
     }
     let _s = serial();
-    let mut c = mesh_cluster("agr");
+    let mut c = harness_cluster("agr");
     let echo = ["e2e-app", "echo", "--listen", "0.0.0.0:9001"];
     let server = ambient_pod(&c, "server", 2, "server", &[], &echo);
     ambient_pod(&c, "client", 1, "client", &[], IDLE);
@@ -580,7 +588,7 @@ fn new_connections_work_after_a_ztunnel_restart() {
         return;
     }
     let _s = serial();
-    let mut c = mesh_cluster("ztr");
+    let mut c = harness_cluster("ztr");
     let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
     ambient_pod(&c, "client", 1, "client", &[], IDLE);
     let target = format!("{server}:9000");
@@ -600,7 +608,7 @@ fn pods_fail_closed_while_ztunnel_is_down() {
         return;
     }
     let _s = serial();
-    let mut c = mesh_cluster("fcl");
+    let mut c = harness_cluster("fcl");
     c.create_namespace("plain", &[]).unwrap();
     let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
     c.node_mut(1).stop_ztunnel();
@@ -741,11 +749,7 @@ fn twenty_ambient_pods_per_node_are_enrolled() {
 // ---------------------------------------------------------------- the mesh CA
 
 fn ztunnel_counter(c: &LocalCluster, node: u8, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metric_sum(
-        &c.node(node).ztunnel_metrics().unwrap_or_default(),
-        name,
-        labels,
-    )
+    metric_sum(&c.ztunnel_metrics(node).unwrap_or_default(), name, labels)
 }
 
 #[test]
@@ -754,7 +758,7 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
         return;
     }
     let _s = serial();
-    let mut c = mesh_cluster("ca");
+    let mut c = harness_cluster("ca");
 
     // No node holds the CA key: it is only in the control plane's cacerts.
     assert_eq!(
@@ -841,15 +845,10 @@ fn proxy_status_shows_every_ztunnel_synced_over_xds() {
     }
     let _s = serial();
     let c = mesh_cluster("pst");
-    let xds = [
-        "proxy-status",
-        "--xds-address",
-        e2e::cluster::ISTIOD_ADDR,
-        "--xds-san",
-        "istiod.istio-system.svc",
-        "-o",
-        "json",
-    ];
+    let mut xds = c.proxy_status_args();
+    xds.extend(["-o".into(), "json".into()]);
+    let xds: Vec<&str> = xds.iter().map(String::as_str).collect();
+    let table_args = &xds[..xds.len() - 2];
     let status = |c: &LocalCluster| -> Vec<serde_json::Value> {
         serde_json::from_str(&c.istioctl(&xds).unwrap()).unwrap()
     };
@@ -861,12 +860,26 @@ fn proxy_status_shows_every_ztunnel_synced_over_xds() {
         (proxies.len() == 2 && proxies.iter().all(synced)).then_some(proxies)
     })
     .unwrap();
-    for (proxy, node) in proxies.iter().zip(["node-1", "node-2"]) {
-        let name = proxy["name"].as_str().unwrap();
-        assert!(
-            name.starts_with("ztunnel~") && name.contains(&format!("ztunnel-{node}.istio-system")),
-            "{name}"
-        );
+    let names: Vec<&str> = proxies
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    let expected: Vec<String> = c
+        .api()
+        .list("/api/v1/namespaces/istio-system/pods?labelSelector=app%3Dztunnel")
+        .unwrap()
+        .iter()
+        .map(|p| format!("{}.istio-system", p["metadata"]["name"].as_str().unwrap()))
+        .collect();
+    // One proxy per ztunnel pod, whichever istiod replica it is connected to.
+    assert_eq!(names.len(), expected.len(), "{names:?} {expected:?}");
+    for pod in &expected {
+        let named = names
+            .iter()
+            .filter(|n| n.starts_with("ztunnel~") && n.contains(pod.as_str()));
+        assert_eq!(named.count(), 1, "{pod} in {names:?}");
+    }
+    for proxy in &proxies {
         assert_eq!(
             proxy["identity"],
             "spiffe://cluster.local/ns/istio-system/sa/ztunnel"
@@ -897,16 +910,15 @@ fn proxy_status_shows_every_ztunnel_synced_over_xds() {
     .unwrap();
 
     // The control plane's view of the mesh, without any ztunnel's admin port.
+    let xds_args = c.xds_args();
     let policies = c
-        .istioctl(&[
-            "ztunnel-config",
-            "policies",
-            "--from-control-plane",
-            "--xds-address",
-            e2e::cluster::ISTIOD_ADDR,
-            "--xds-san",
-            "istiod.istio-system.svc",
-        ])
+        .istioctl(
+            &[
+                &["ztunnel-config", "policies", "--from-control-plane"][..],
+                &xds_args.iter().map(String::as_str).collect::<Vec<_>>(),
+            ]
+            .concat(),
+        )
         .unwrap();
     let row = policies
         .lines()
@@ -921,12 +933,12 @@ fn proxy_status_shows_every_ztunnel_synced_over_xds() {
 
     // Without a token the control plane refuses, and istioctl says why.
     let refused = c
-        .istioctl(&[&xds[..5], &["--token", "not-a-token"]].concat())
+        .istioctl(&[table_args, &["--token", "not-a-token"]].concat())
         .unwrap_err()
         .to_string();
     assert!(refused.contains("Unauthenticated"), "{refused}");
     // The table form, as people read it.
-    let table = c.istioctl(&xds[..5]).unwrap();
+    let table = c.istioctl(table_args).unwrap();
     assert!(table.starts_with("NAME"), "{table}");
     assert_eq!(table.matches("SYNCED").count(), 4, "{table}");
 }
@@ -953,7 +965,7 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
         return;
     }
     let _s = serial();
-    let mut c = LocalCluster::start("ond").unwrap();
+    let mut c = LocalCluster::with_harness("ond").unwrap();
     for node in [1u8, 2] {
         let n = c.node_mut(node);
         n.ztunnel_env.push(("XDS_ON_DEMAND".into(), "true".into()));

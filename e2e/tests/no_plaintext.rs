@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use e2e::capture::{self, Capture, Captured, Flow};
-use e2e::cluster::LocalCluster;
+use e2e::cluster::{LocalCluster, MeshInstall, Topology};
 use e2e::mesh::metric_sum;
 use e2e::process::{wait_for, ChildGuard};
 
@@ -293,7 +293,17 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
         return;
     }
     let _s = serial();
-    let mut c = LocalCluster::dual_stack("npl").unwrap();
+    // The harness's processes: the test restarts the agents and ztunnels at moments
+    // of its choosing, while capturing.
+    let mut c = LocalCluster::with_topology(
+        "npl",
+        Topology {
+            dual_stack: true,
+            install: MeshInstall::Harness,
+            ..Topology::default()
+        },
+    )
+    .unwrap();
     c.wait_ztunnels_ready(T).unwrap();
     let cap = capture(&c);
     let mut timeline = Timeline::default();
@@ -441,7 +451,8 @@ fn a_restarted_ztunnel_serves_no_pod_before_it_knows_the_peers() {
         return;
     }
     let _s = serial();
-    let mut c = LocalCluster::start("npr").unwrap();
+    // The harness's ztunnel: the test restarts it with a changed environment.
+    let mut c = LocalCluster::with_harness("npr").unwrap();
     c.wait_ztunnels_ready(T).unwrap();
     c.create_namespace("r", &[AMBIENT]).unwrap();
     c.create_pod("r", "a", 1, "a", &[], &args(&echo())).unwrap();
@@ -585,7 +596,7 @@ impl Drop for ControlPlaneBlock {
 
 fn strict_refusals(c: &LocalCluster, node: u8) -> f64 {
     metric_sum(
-        &c.node(node).ztunnel_metrics().unwrap_or_default(),
+        &c.ztunnel_metrics(node).unwrap_or_default(),
         "ztunnel_errors_total",
         &[("reason", "strict_mtls")],
     )
@@ -597,7 +608,9 @@ fn under_strict_no_plaintext_connection_succeeds() {
         return;
     }
     let _s = serial();
-    let c = LocalCluster::start("nps").unwrap();
+    // The harness's control plane: the test cuts node-1 off from it with rules at the
+    // node's edge (istiod-lite's pods would otherwise run on the nodes themselves).
+    let c = LocalCluster::with_harness("nps").unwrap();
     c.wait_ztunnels_ready(T).unwrap();
     c.create_namespace("s", &[AMBIENT]).unwrap();
     c.create_namespace("plain", &[]).unwrap();
@@ -650,7 +663,7 @@ fn under_strict_no_plaintext_connection_succeeds() {
     // Mesh-wide STRICT: new plaintext is refused, the live plaintext connection is
     // closed by the re-check, mTLS goes on.
     let failed_before = metric_sum(
-        &c.node(2).ztunnel_metrics().unwrap(),
+        &c.ztunnel_metrics(2).unwrap(),
         "istio_tcp_connections_failed_total",
         &[],
     );
@@ -670,7 +683,7 @@ fn under_strict_no_plaintext_connection_succeeds() {
         held.log()
     );
     let failed_after = metric_sum(
-        &c.node(2).ztunnel_metrics().unwrap(),
+        &c.ztunnel_metrics(2).unwrap(),
         "istio_tcp_connections_failed_total",
         &[],
     );

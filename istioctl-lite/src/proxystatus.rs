@@ -34,10 +34,12 @@ pub struct ProxySync {
 }
 
 pub async fn run(global: &Global, args: &ProxyStatusArgs) -> Result<()> {
-    let response = xds::fetch(global, &args.xds, &args.istio_namespace, SYNCZ_TYPE_URL).await?;
-    let proxies = response
-        .resources
+    let responses =
+        xds::fetch_from_every_replica(global, &args.xds, &args.istio_namespace, SYNCZ_TYPE_URL)
+            .await?;
+    let mut proxies = responses
         .iter()
+        .flat_map(|r| &r.resources)
         .map(|r| {
             let body = r
                 .resource
@@ -48,6 +50,7 @@ pub async fn run(global: &Global, args: &ProxyStatusArgs) -> Result<()> {
             Ok(proxy_sync(&config))
         })
         .collect::<Result<Vec<_>>>()?;
+    proxies.sort_by(|a, b| a.name.cmp(&b.name));
     match global.output {
         Output::Table => print!("{}", table(&proxies)),
         format => print_structured(format, &proxies)?,

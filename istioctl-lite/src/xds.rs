@@ -2,15 +2,15 @@
 //! `--cert-dir` or the `istio-ca-root-cert` ConfigMap), or unverified (`--insecure`),
 //! or none (`--plaintext`); a bearer token (`--token`, else a TokenRequest for the
 //! `default` service account of istiod's namespace, audience istio-ca, as istioctl
-//! does); and one delta ADS request answered once.
+//! does); and one delta ADS request answered once, by one istiod or by each replica.
 
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use kube::api::{Api, ListParams, PostParams};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -28,6 +28,78 @@ use crate::kubeclient;
 
 const AUDIENCE: &str = "istio-ca";
 const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
+
+/// Each istiod replica's answer to one request of `type_url`. Every replica knows
+/// only the proxies connected to it, so when `--xds-address` names istiod's Service
+/// in `ns` (the default) each ready pod of it is asked in turn, by its pod IP with the
+/// Service's name for TLS, as istioctl asks every istiod pod. Otherwise (or when no
+/// pod can be listed) the one address given is asked.
+pub async fn fetch_from_every_replica(
+    global: &Global,
+    args: &XdsArgs,
+    ns: &str,
+    type_url: &str,
+) -> Result<Vec<DeltaDiscoveryResponse>> {
+    let replicas = match service_host(&args.xds_address, ns) {
+        Some((host, port)) => replica_addresses(global, ns)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|ip| {
+                let mut replica = args.clone();
+                replica.xds_address = format!("{ip}:{port}");
+                replica.xds_san = Some(args.xds_san.clone().unwrap_or_else(|| host.clone()));
+                replica
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    if replicas.is_empty() {
+        return Ok(vec![fetch(global, args, ns, type_url).await?]);
+    }
+    let mut answers = Vec::new();
+    let mut failures = Vec::new();
+    for replica in &replicas {
+        match fetch(global, replica, ns, type_url).await {
+            Ok(answer) => answers.push(answer),
+            Err(e) => failures.push(format!("{}: {e:#}", replica.xds_address)),
+        }
+    }
+    if answers.is_empty() {
+        bail!("no istiod replica answered: {}", failures.join("; "));
+    }
+    for failure in failures {
+        eprintln!("warning: istiod replica {failure}");
+    }
+    Ok(answers)
+}
+
+/// `(host, port)` of `address` when its host is istiod's Service in `ns`.
+fn service_host(address: &str, ns: &str) -> Option<(String, String)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let service = format!("istiod.{ns}.svc");
+    (host == service || host == format!("{service}.cluster.local"))
+        .then(|| (host.to_owned(), port.to_owned()))
+}
+
+/// The pod IPs of istiod's ready replicas (label `app=istiod`).
+async fn replica_addresses(global: &Global, ns: &str) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(kubeclient::client(global).await?, ns);
+    let list = pods
+        .list(&ListParams::default().labels("app=istiod"))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect())
+}
 
 /// Sends one request of `type_url` to istiod (in namespace `ns`) and returns its
 /// first answer.

@@ -98,7 +98,7 @@ impl Default for Topology {
             istiod_replicas: 1,
             dual_stack: false,
             native_nftables: native_nftables(),
-            install: MeshInstall::Harness,
+            install: MeshInstall::Charts(Vec::new()),
         }
     }
 }
@@ -142,24 +142,40 @@ impl LocalCluster {
         )
     }
 
-    /// Two nodes, and `replicas` istiod-lite replicas behind istiod's Service.
+    /// Two nodes with the mesh's processes started by the harness
+    /// ([`MeshInstall::Harness`]), for tests that stop or restart them at will.
+    pub fn with_harness(tag: &str) -> Result<Self> {
+        Self::with_topology(
+            tag,
+            Topology {
+                install: MeshInstall::Harness,
+                ..Topology::default()
+            },
+        )
+    }
+
+    /// Two nodes, and `replicas` istiod-lite replicas the harness runs behind
+    /// istiod's Service (tests stop and kill them one by one).
     pub fn with_istiod_replicas(tag: &str, replicas: u8) -> Result<Self> {
         Self::with_topology(
             tag,
             Topology {
                 istiod_replicas: replicas,
+                install: MeshInstall::Harness,
                 ..Topology::default()
             },
         )
     }
 
     /// Two nodes whose agents run in native nftables mode or not, whatever the
-    /// environment says (the bench compares both).
+    /// environment says (the bench compares both; it reads the harness's processes'
+    /// memory, so they are the harness's).
     pub fn with_native_nftables(tag: &str, native_nftables: bool) -> Result<Self> {
         Self::with_topology(
             tag,
             Topology {
                 native_nftables,
+                install: MeshInstall::Harness,
                 ..Topology::default()
             },
         )
@@ -846,10 +862,30 @@ impl LocalCluster {
     /// the harness's Service address, checked against istiod's name.
     pub fn proxy_status_args(&self) -> Vec<String> {
         let mut args = vec!["proxy-status".to_owned()];
-        if !matches!(self.install, MeshInstall::Charts(_)) {
-            args.extend(["--xds-address", ISTIOD_ADDR, "--xds-san", ISTIOD_HOST].map(String::from));
-        }
+        args.extend(self.xds_args());
         args
+    }
+
+    /// istioctl-lite's flags to reach istiod over XDS from the control-plane
+    /// namespace: none (its defaults, istiod's Service by name) when installed from
+    /// the charts, else the harness's Service address checked against istiod's name.
+    pub fn xds_args(&self) -> Vec<String> {
+        if matches!(self.install, MeshInstall::Charts(_)) {
+            return Vec::new();
+        }
+        ["--xds-address", ISTIOD_ADDR, "--xds-san", ISTIOD_HOST]
+            .map(String::from)
+            .to_vec()
+    }
+
+    /// Names of the pods of `namespace` (every node's).
+    pub fn pod_names_in(&self, namespace: &str) -> Vec<String> {
+        self.kubelets
+            .iter()
+            .flat_map(|k| k.pod_names())
+            .filter(|(ns, _)| ns == namespace)
+            .map(|(_, name)| name)
+            .collect()
     }
 
     /// Prometheus text of istiod-lite: replica 0's, or when installed from the charts

@@ -419,8 +419,14 @@ mod tests {
         // in an overlay's upper layer, read-only once the volumes are in.
         assert!(rootfs_script(&fs("/etc")).is_err());
         let etc = rootfs_script(&fs("/etc/cacerts")).unwrap();
-        assert!(etc.contains("mount -t overlay overlay -o lowerdir=/etc,"), "{etc}");
-        assert!(etc.contains("mount -o remount,ro '/nonexistent/etc'"), "{etc}");
+        assert!(
+            etc.contains("mount -t overlay overlay -o lowerdir=/etc,"),
+            "{etc}"
+        );
+        assert!(
+            etc.contains("mount -o remount,ro '/nonexistent/etc'"),
+            "{etc}"
+        );
         assert!(!etc.contains("mount --rbind /etc"), "{etc}");
         assert!(rootfs_script(&fs("relative")).is_err());
         assert!(rootfs_script(&fs("/a/../etc")).is_err());
