@@ -1,13 +1,14 @@
 //! The charts against the binaries they run: every environment variable a chart sets
 //! is one its binary reads (a misspelt or stale name would be silently ignored), and
-//! the cni chart's DaemonSet runs the node agent on the local cluster from its own
-//! pod spec (volumes, capabilities, probes, env), enrolling pods into the mesh.
+//! `istioctl-lite install` runs the whole mesh on the local cluster from the charts'
+//! own pod specs (volumes, capabilities, probes, env): enrollment, upgrades under
+//! traffic, uninstall.
 
 use std::time::Duration;
 
 use e2e::charts::{install_manifests, unread_env};
 use e2e::cluster::LocalCluster;
-use e2e::process::wait_for;
+use e2e::process::{wait_for, ChildGuard};
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(30);
@@ -61,170 +62,6 @@ fn istioctl_lite_charts_render() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn ds_status(c: &LocalCluster) -> Value {
-    let ds = c
-        .kubectl(&[
-            "-n",
-            "istio-system",
-            "get",
-            "ds",
-            "istio-cni-node",
-            "-o",
-            "json",
-        ])
-        .unwrap();
-    serde_json::from_str::<Value>(&ds).unwrap()["status"].clone()
-}
-
-#[test]
-fn the_cni_charts_daemonset_runs_the_node_agent_that_enrolls_pods() {
-    if !e2e::can_run_root_tests() {
-        return;
-    }
-    let c = LocalCluster::with_agent_from_chart("chcni", &[]).unwrap();
-    let status = ds_status(&c);
-    for field in [
-        "desiredNumberScheduled",
-        "numberReady",
-        "updatedNumberScheduled",
-    ] {
-        assert_eq!(status[field], 2, "{field}: {status}");
-    }
-    // One agent pod per node, in the node's network namespace, as the chart says.
-    let pods = c
-        .api()
-        .list("/api/v1/namespaces/istio-system/pods?labelSelector=k8s-app%3Distio-cni-node")
-        .unwrap();
-    let mut nodes: Vec<&str> = pods
-        .iter()
-        .filter_map(|p| p["spec"]["nodeName"].as_str())
-        .collect();
-    nodes.sort();
-    assert_eq!(nodes, ["node-1", "node-2"]);
-    for p in &pods {
-        assert_eq!(p["status"]["podIP"], p["status"]["hostIP"], "hostNetwork");
-    }
-
-    // The command the plugin's errors suggest works: the agent's pods log.
-    let logs = c
-        .kubectl(&["-n", "istio-system", "logs", "ds/istio-cni-node"])
-        .unwrap();
-    assert!(logs.contains("cni_agent"), "the agent's log: {logs}");
-    c.create_namespace("m", &[("istio.io/dataplane-mode", "ambient")])
-        .unwrap();
-    c.wait_ztunnels_ready(T).unwrap();
-    let mut ips = Vec::new();
-    for (name, node, argv) in [
-        (
-            "server",
-            2,
-            &["e2e-app", "sink", "--listen", "0.0.0.0:9000"][..],
-        ),
-        ("client", 1, &["sleep", "3600"][..]),
-    ] {
-        c.create_pod("m", name, node, name, &[], argv).unwrap();
-        let p = c.wait_pod_running("m", name, T).unwrap();
-        c.wait_redirection("m", name, Some("enabled"), T)
-            .unwrap_or_else(|e| panic!("{e:#}\n{}", c.system_pod_logs()));
-        assert_eq!(
-            c.redirection_of("m", name).unwrap(),
-            e2e::cluster::expected_redirection()
-        );
-        for n in 1..=2 {
-            c.wait_ztunnel_sees_hbone(n, &p.ip, T).unwrap();
-        }
-        ips.push(p.ip);
-    }
-    let answer = c
-        .send("m", "client", &format!("{}:9000", ips[0]), 10_000)
-        .unwrap();
-    assert_eq!(answer["bytes"], 10_000, "{answer}");
-    let metrics = c.node(2).ztunnel_metrics().unwrap();
-    let mtls = e2e::mesh::metric_sum(
-        &metrics,
-        "istio_tcp_received_bytes_total",
-        &[
-            ("source_principal", "spiffe://cluster.local/ns/m/sa/client"),
-            ("connection_security_policy", "mutual_tls"),
-        ],
-    );
-    assert!(mtls >= 10_000.0, "the bytes crossed HBONE: {mtls}");
-
-    // Upgrade: a changed value rolls the DaemonSet node by node (maxUnavailable 1);
-    // a connection between enrolled pods lives through both agents' replacement.
-    let echo = ["e2e-app", "echo", "--listen", "0.0.0.0:9001"];
-    c.create_pod("m", "echo", 2, "echo", &[], &echo).unwrap();
-    let echo_ip = c.wait_pod_running("m", "echo", T).unwrap().ip;
-    c.wait_redirection("m", "echo", Some("enabled"), T).unwrap();
-    for n in 1..=2 {
-        c.wait_ztunnel_sees_hbone(n, &echo_ip, T).unwrap();
-    }
-    let target = format!("{echo_ip}:9001");
-    let ping = [
-        "e2e-app",
-        "ping",
-        "--connect",
-        &target,
-        "--count",
-        "300",
-        "--interval-ms",
-        "100",
-    ];
-    let mut ping = c.spawn_in_pod("m", "client", &ping).unwrap();
-    std::thread::sleep(Duration::from_secs(1));
-    let old_pods = agent_pods(&c);
-    let mut values = vec!["logLevel=debug".to_owned()];
-    values.push(format!(
-        "nativeNftables={}",
-        e2e::cluster::native_nftables()
-    ));
-    c.install_agent_chart(&values).unwrap();
-    let new_pods = agent_pods(&c);
-    assert_eq!(new_pods.len(), 2);
-    assert!(
-        new_pods.iter().all(|p| !old_pods.contains(p)),
-        "both agents replaced: {old_pods:?} -> {new_pods:?}"
-    );
-    for node in [1u8, 2] {
-        let ns = &c.node(node).ns;
-        wait_for(
-            &format!("node-{node}'s new agent to restore its pods"),
-            T,
-            || {
-                let m = e2e::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
-                let connected = e2e::mesh::metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
-                let restored = e2e::mesh::metric_sum(&m, "istio_cni_pods_enrolled", &[]) >= 1.0;
-                (connected && restored).then_some(())
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}\n{}", c.system_pod_logs()));
-    }
-    let status = ping
-        .wait_timeout(Duration::from_secs(60))
-        .expect("ping finished");
-    assert!(
-        status.success(),
-        "the connection broke during the rollout: {}",
-        ping.log()
-    );
-    c.shutdown().unwrap();
-}
-
-/// The names of the agent's pods.
-fn agent_pods(c: &LocalCluster) -> Vec<String> {
-    c.api()
-        .list("/api/v1/namespaces/istio-system/pods?labelSelector=k8s-app%3Distio-cni-node")
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
-        .collect()
-}
-
-/// `istioctl-lite install` brings the whole mesh up from the charts: istiod-lite's
-/// Deployment behind its Service (reached by name through the cluster's DNS and
-/// service proxy), and the cni and ztunnel DaemonSets; none of it started by the
-/// harness. Then ztunnel's rollout (`maxSurge 1`, `maxUnavailable 0`) under traffic,
-/// and `istioctl-lite uninstall`.
 #[test]
 fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
     if !e2e::can_run_root_tests() {
@@ -242,22 +79,44 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
     );
     for ds in ["ztunnel", "istio-cni-node"] {
         let status = kubectl_json(&c, &["get", "ds", ds])["status"].clone();
-        assert_eq!(status["numberReady"], 2, "{ds}: {status}");
+        for field in [
+            "desiredNumberScheduled",
+            "numberReady",
+            "updatedNumberScheduled",
+        ] {
+            assert_eq!(status[field], 2, "{ds} {field}: {status}");
+        }
     }
-    // ztunnel and istiod run in pod namespaces of their own, as the charts say.
-    for p in c
+    // One agent pod per node, in the node's network namespace; ztunnel and istiod in
+    // pod namespaces of their own, as the charts say.
+    let pods = c
         .api()
         .list("/api/v1/namespaces/istio-system/pods")
-        .unwrap()
+        .unwrap();
+    let (agents, others): (Vec<&Value>, Vec<&Value>) = pods
         .iter()
-        .filter(|p| p["metadata"]["labels"]["app"] != "istio-cni-node")
-    {
+        .partition(|p| p["metadata"]["labels"]["k8s-app"] == "istio-cni-node");
+    let mut nodes: Vec<&str> = agents
+        .iter()
+        .filter_map(|p| p["spec"]["nodeName"].as_str())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["node-1", "node-2"]);
+    for p in agents {
+        assert_eq!(p["status"]["podIP"], p["status"]["hostIP"], "hostNetwork");
+    }
+    for p in others {
         assert_ne!(
             p["status"]["podIP"], p["status"]["hostIP"],
             "{}",
             p["metadata"]["name"]
         );
     }
+    // The command the plugin's errors suggest works: the agent's pods log.
+    let logs = c
+        .kubectl(&["-n", "istio-system", "logs", "ds/istio-cni-node"])
+        .unwrap();
+    assert!(logs.contains("cni_agent"), "the agent's log: {logs}");
 
     // istioctl-lite reaches istiod by its Service name, as from inside the cluster.
     let xds = c.proxy_status_args();
@@ -324,26 +183,48 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
+    // The agent's upgrade: a changed value rolls its DaemonSet node by node
+    // (maxUnavailable 1); a connection between enrolled pods lives through both
+    // agents' replacement, and each new agent restores its pods and its ztunnel.
+    let echo = format!("{}:9001", ips[1]);
+    let mut ping = long_ping(&c, &echo, 200);
+    std::thread::sleep(Duration::from_secs(1));
+    let old_agents = pod_names(&c, "k8s-app%3Distio-cni-node");
+    c.istioctl_install(&values(&["cni.logLevel=debug"]))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let new_agents = pod_names(&c, "k8s-app%3Distio-cni-node");
+    assert_eq!(new_agents.len(), 2);
+    assert!(
+        new_agents.iter().all(|p| !old_agents.contains(p)),
+        "both agents replaced: {old_agents:?} -> {new_agents:?}"
+    );
+    for node in [1u8, 2] {
+        let ns = &c.node(node).ns;
+        wait_for(
+            &format!("node-{node}'s new agent to restore its pods"),
+            T,
+            || {
+                let m = e2e::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
+                let connected = e2e::mesh::metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
+                let restored = e2e::mesh::metric_sum(&m, "istio_cni_pods_enrolled", &[]) >= 1.0;
+                (connected && restored).then_some(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.system_pod_logs()));
+    }
+    let status = ping
+        .wait_timeout(Duration::from_secs(60))
+        .expect("ping finished");
+    assert!(
+        status.success(),
+        "the connection broke during the agent's rollout: {}",
+        ping.log()
+    );
+
     // ztunnel's rollout under traffic: a long-lived connection, and a new connection
     // every 100 ms, both from node-1 to node-2 through both nodes' ztunnels.
     let old_ztunnels = pod_names(&c, "app%3Dztunnel");
-    let echo = format!("{}:9001", ips[1]);
-    let mut ping = c
-        .spawn_in_pod(
-            "m",
-            "client",
-            &[
-                "e2e-app",
-                "ping",
-                "--connect",
-                &echo,
-                "--count",
-                "400",
-                "--interval-ms",
-                "50",
-            ],
-        )
-        .unwrap();
+    let mut ping = long_ping(&c, &echo, 400);
     let mut stream = c
         .spawn_in_pod(
             "m",
@@ -364,13 +245,7 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
         .unwrap();
     let sampler = Sampler::start(&c);
     std::thread::sleep(Duration::from_secs(1));
-    let mut upgrade: Vec<String> = INSTALL.iter().map(|v| v.to_string()).collect();
-    upgrade.push("ztunnel.logLevel=debug".into());
-    upgrade.push(format!(
-        "nativeNftables={}",
-        e2e::cluster::native_nftables()
-    ));
-    c.istioctl_install(&upgrade)
+    c.istioctl_install(&values(&["cni.logLevel=debug", "ztunnel.logLevel=debug"]))
         .unwrap_or_else(|e| panic!("{e:#}"));
     wait_for("the old ztunnel pods to be gone", T, || {
         let now = pod_names(&c, "app%3Dztunnel");
@@ -474,8 +349,39 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
     c.shutdown().unwrap();
 }
 
+/// A long-lived connection from pod m/client to `target`: `count` round trips, 50 ms
+/// apart; it exits 3 if the connection is closed before the last.
+fn long_ping(c: &LocalCluster, target: &str, count: u32) -> ChildGuard {
+    let count = count.to_string();
+    let argv = [
+        "e2e-app",
+        "ping",
+        "--connect",
+        target,
+        "--count",
+        &count,
+        "--interval-ms",
+        "50",
+    ];
+    c.spawn_in_pod("m", "client", &argv).unwrap()
+}
+
 /// Values of the full install: ztunnel drains for 3 s (8 s grace less 5).
 const INSTALL: &[&str] = &["ztunnel.terminationGracePeriodSeconds=8"];
+
+/// The install's values and `changed`, as `istioctl-lite install` takes them again.
+fn values(changed: &[&str]) -> Vec<String> {
+    let mut values: Vec<String> = INSTALL
+        .iter()
+        .chain(changed)
+        .map(|v| v.to_string())
+        .collect();
+    values.push(format!(
+        "nativeNftables={}",
+        e2e::cluster::native_nftables()
+    ));
+    values
+}
 
 /// Names of the mesh's pods matching the (escaped) label `selector`.
 fn pod_names(c: &LocalCluster, selector: &str) -> Vec<String> {

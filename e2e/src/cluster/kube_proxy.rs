@@ -81,7 +81,7 @@ fn poll(api: &Api, netns_names: &[String], stop: &AtomicBool) {
                         if applied.get(&key) == Some(&text) {
                             continue;
                         }
-                        match restore(ns, family, &with_hooks(&text, hooked)) {
+                        match restore(Some(ns), family, &with_hooks(&text, hooked)) {
                             Ok(()) => {
                                 applied.insert(key, text.clone());
                             }
@@ -97,7 +97,7 @@ fn poll(api: &Api, netns_names: &[String], stop: &AtomicBool) {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Family {
+pub(super) enum Family {
     V4,
     V6,
 }
@@ -294,21 +294,29 @@ fn rules(ports: &[ServicePort], family: Family) -> String {
             p.cluster_ip, p.port, p.name, proto = p.protocol
         );
         text.push_str(&format!("-A {SERVICES} {matches} -j {MARK_MASQ}\n"));
-        for (i, endpoint) in endpoints.iter().enumerate() {
-            // Rule i takes 1/(n-i) of what reaches it: each endpoint gets 1/n.
-            let left = endpoints.len() - i;
-            let pick = if left > 1 {
-                format!(
-                    "-m statistic --mode random --probability {:.5} ",
-                    1.0 / left as f64
-                )
-            } else {
-                String::new()
-            };
-            text.push_str(&format!(
-                "-A {SERVICES} {matches} {pick}-j DNAT --to-destination {endpoint}\n"
-            ));
-        }
+        text.push_str(&spread(SERVICES, &matches, &endpoints));
+    }
+    text
+}
+
+/// Rules appended to `chain` that DNAT what `matches` selects evenly to `endpoints`
+/// (`ip:port`): rule i takes 1/(n-i) of what reaches it, so each of the n endpoints
+/// gets 1/n of new connections (kube-proxy's rendering).
+pub(super) fn spread(chain: &str, matches: &str, endpoints: &[String]) -> String {
+    let mut text = String::new();
+    for (i, endpoint) in endpoints.iter().enumerate() {
+        let left = endpoints.len() - i;
+        let pick = if left > 1 {
+            format!(
+                "-m statistic --mode random --probability {:.5} ",
+                1.0 / left as f64
+            )
+        } else {
+            String::new()
+        };
+        text.push_str(&format!(
+            "-A {chain} {matches} {pick}-j DNAT --to-destination {endpoint}\n"
+        ));
     }
     text
 }
@@ -330,13 +338,24 @@ fn with_hooks(text: &str, hooked: bool) -> String {
     text
 }
 
-fn restore(netns: &str, family: Family, text: &str) -> Result<()> {
+/// `iptables-restore --noflush` (or ip6tables') of `text` in `netns`, or in this
+/// thread's own namespace when `None` (a process inherits the namespace its thread
+/// entered).
+pub(super) fn restore(netns: Option<&str>, family: Family, text: &str) -> Result<()> {
     let program = match family {
         Family::V4 => "iptables-restore",
         Family::V6 => "ip6tables-restore",
     };
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", netns, program, "--noflush"])
+    let mut command = match netns {
+        Some(netns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", netns, program]);
+            c
+        }
+        None => Command::new(program),
+    };
+    let mut child = command
+        .arg("--noflush")
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -83,9 +83,6 @@ pub enum MeshInstall {
     /// The harness starts istiod-lite, the node agents and ztunnels itself, for tests
     /// that stop, kill or restart one of them at a chosen moment.
     Harness,
-    /// The cni chart's DaemonSet runs the node agents (chart values); istiod-lite and
-    /// ztunnel as with [`MeshInstall::Harness`].
-    AgentChart(Vec<String>),
     /// `istioctl-lite install --set <values>`: every component from its chart, on a
     /// cluster with a DNS and a service proxy, as a user installs it.
     Charts(Vec<String>),
@@ -189,21 +186,6 @@ impl LocalCluster {
             tag,
             Topology {
                 dual_stack: true,
-                ..Topology::default()
-            },
-        )
-    }
-
-    /// Two nodes whose node agent is the cni chart's DaemonSet (rendered by helm,
-    /// applied with kubectl, its pods run by the kubelet stand-in from their spec),
-    /// not a process the harness starts. ztunnel and istiod-lite are the harness's.
-    pub fn with_agent_from_chart(tag: &str, chart_values: &[&str]) -> Result<Self> {
-        Self::with_topology(
-            tag,
-            Topology {
-                install: MeshInstall::AgentChart(
-                    chart_values.iter().map(|v| v.to_string()).collect(),
-                ),
                 ..Topology::default()
             },
         )
@@ -313,18 +295,11 @@ impl LocalCluster {
             cluster.api(),
             cluster.control_plane.api_ca.clone(),
         ));
-        match install {
-            MeshInstall::Harness => {}
-            MeshInstall::AgentChart(mut values) => {
-                values.push(format!("nativeNftables={native_nftables}"));
-                cluster.install_agent_chart(&values)?;
-            }
-            MeshInstall::Charts(mut values) => {
-                cluster.services = Some(cluster.start_services()?);
-                values.push(format!("nativeNftables={native_nftables}"));
-                cluster.istioctl_install(&values)?;
-                return Ok(cluster);
-            }
+        if let MeshInstall::Charts(mut values) = install {
+            cluster.services = Some(cluster.start_services()?);
+            values.push(format!("nativeNftables={native_nftables}"));
+            cluster.istioctl_install(&values)?;
+            return Ok(cluster);
         }
         for node in &mut cluster.nodes {
             let pod = ztunnel_pod(&api, &node.name)?;
@@ -445,43 +420,6 @@ impl LocalCluster {
         )
     }
 
-    /// Renders the cni chart with `values` and applies it; waits until its DaemonSet
-    /// is ready on every node (`kubectl rollout status`) and the plugin is installed.
-    pub fn install_agent_chart(&self, values: &[String]) -> Result<()> {
-        let mut helm = std::process::Command::new("helm");
-        helm.args(["template", "istio-cni"])
-            .arg(crate::charts::charts_dir().join("cni"))
-            .args(["--namespace", SYSTEM_NAMESPACE]);
-        for v in values {
-            helm.args(["--set", v]);
-        }
-        let out = helm
-            .output()
-            .context("running helm (scripts/install-chart-tools.sh)")?;
-        if !out.status.success() {
-            bail!(
-                "helm template: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        // Objects without a namespace go to the release's, as with `helm install -n`.
-        self.kubectl_apply_in(SYSTEM_NAMESPACE, &String::from_utf8(out.stdout)?)?;
-        self.kubectl(&[
-            "-n",
-            SYSTEM_NAMESPACE,
-            "rollout",
-            "status",
-            "ds/istio-cni-node",
-            "--timeout=60s",
-        ])
-        .with_context(|| self.system_pod_logs())?;
-        wait_for("the plugin on every node", Duration::from_secs(20), || {
-            self.nodes.iter().all(Node::plugin_installed).then_some(())
-        })
-        .with_context(|| self.system_pod_logs())?;
-        Ok(())
-    }
-
     /// Logs of the mesh's pods the kubelets run (the chart-run agent's), for failures.
     pub fn system_pod_logs(&self) -> String {
         let mut text = String::new();
@@ -509,8 +447,8 @@ impl LocalCluster {
         text
     }
 
-    /// Node objects, the system namespace and the DaemonSets standing for the mesh
-    /// components the harness runs.
+    /// Node objects and the system namespace; with the harness's processes, the
+    /// DaemonSets and accounts standing for them.
     fn create_objects(&self, install: &MeshInstall) -> Result<()> {
         let api = self.api();
         for node in &self.nodes {
@@ -534,11 +472,7 @@ impl LocalCluster {
             )?;
         }
         let path = format!("/apis/apps/v1/namespaces/{SYSTEM_NAMESPACE}/daemonsets");
-        let mut harness_run = vec![("ztunnel", "ztunnel")];
-        if *install == MeshInstall::Harness {
-            harness_run.push(("istio-cni-node", "istio-cni-node"));
-        }
-        for (name, app) in harness_run {
+        for (name, app) in [("ztunnel", "ztunnel"), ("istio-cni-node", "istio-cni-node")] {
             api.create_if_absent(
                 &path,
                 &objects::daemonset(SYSTEM_NAMESPACE, name, app, self.nodes.len()),

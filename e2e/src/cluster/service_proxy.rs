@@ -9,9 +9,7 @@
 //! the chain is empty and a connection is refused, as kube-proxy refuses a Service
 //! without endpoints.
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,6 +17,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use super::kube_proxy::{restore, spread, Family};
 use crate::netns::Netns;
 
 /// The chain holding the Service's endpoints (nat table).
@@ -113,48 +112,17 @@ fn poll(ns_name: &str, endpoints: &[Endpoint], stop: &AtomicBool) {
     }
 }
 
-/// The chain for `ready`: rule i takes 1/(n-i) of what reaches it, so each of the n
-/// endpoints gets 1/n of new connections (kube-proxy's rendering).
+/// The chain for `ready`, spread evenly as kube-proxy spreads a Service.
 fn rules(ready: &[SocketAddr]) -> String {
-    let mut text = format!("*nat\n:{CHAIN} - [0:0]\n");
-    for (i, endpoint) in ready.iter().enumerate() {
-        let left = ready.len() - i;
-        let pick = if left > 1 {
-            format!(
-                "-m statistic --mode random --probability {:.5} ",
-                1.0 / left as f64
-            )
-        } else {
-            String::new()
-        };
-        text.push_str(&format!(
-            "-A {CHAIN} -p tcp {pick}-j DNAT --to-destination {endpoint}\n"
-        ));
-    }
-    text.push_str("COMMIT\n");
-    text
+    let endpoints: Vec<String> = ready.iter().map(SocketAddr::to_string).collect();
+    format!(
+        "*nat\n:{CHAIN} - [0:0]\n{}COMMIT\n",
+        spread(CHAIN, "-p tcp", &endpoints)
+    )
 }
 
 fn apply(ready: &[SocketAddr]) -> Result<()> {
-    let mut child = std::process::Command::new("iptables-restore")
-        .arg("--noflush")
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("spawning iptables-restore")?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(rules(ready).as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "iptables-restore: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    restore(None, Family::V4, &rules(ready))
 }
 
 fn is_ready(addr: SocketAddr) -> bool {

@@ -38,7 +38,14 @@ pub async fn run_zds_client(
         let mut connection = match connected {
             Ok(connection) => connection,
             Err(e) => {
-                debug!(socket = %socket.display(), error = %e, retry_in = ?backoff, "node agent not reachable");
+                if backoff == BACKOFF_MAX {
+                    // Past the first ~20 s of retries: a missing agent, or a socket
+                    // directory not shared with it, is worth saying at every retry.
+                    warn!(socket = %socket.display(), error = %e, retry_in = ?backoff,
+                        "node agent still not reachable over ZDS: is it running on this node, and is the socket's directory the same host path in both pods?");
+                } else {
+                    debug!(socket = %socket.display(), error = %e, retry_in = ?backoff, "node agent not reachable");
+                }
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
                     () = stop.cancelled() => return,
