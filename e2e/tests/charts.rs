@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use e2e::charts::{install_manifests, unread_env};
 use e2e::cluster::LocalCluster;
-use e2e::process::{wait_for, ChildGuard};
+use e2e::process::wait_for;
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(30);
@@ -187,7 +187,7 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
     // (maxUnavailable 1); a connection between enrolled pods lives through both
     // agents' replacement, and each new agent restores its pods and its ztunnel.
     let echo = format!("{}:9001", ips[1]);
-    let mut ping = long_ping(&c, &echo, 200);
+    let mut ping = c.spawn_ping(("m", "client"), &echo, 200, 50).unwrap();
     std::thread::sleep(Duration::from_secs(1));
     let old_agents = pod_names(&c, "k8s-app%3Distio-cni-node");
     c.istioctl_install(&values(&["cni.logLevel=debug"]))
@@ -224,7 +224,7 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
     // ztunnel's rollout under traffic: a long-lived connection, and a new connection
     // every 100 ms, both from node-1 to node-2 through both nodes' ztunnels.
     let old_ztunnels = pod_names(&c, "app%3Dztunnel");
-    let mut ping = long_ping(&c, &echo, 400);
+    let mut ping = c.spawn_ping(("m", "client"), &echo, 400, 50).unwrap();
     let mut stream = c
         .spawn_in_pod(
             "m",
@@ -347,23 +347,6 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
     c.wait_pod_running("m", "after", T).unwrap();
     assert_eq!(c.redirection_of("m", "after").unwrap(), "none");
     c.shutdown().unwrap();
-}
-
-/// A long-lived connection from pod m/client to `target`: `count` round trips, 50 ms
-/// apart; it exits 3 if the connection is closed before the last.
-fn long_ping(c: &LocalCluster, target: &str, count: u32) -> ChildGuard {
-    let count = count.to_string();
-    let argv = [
-        "e2e-app",
-        "ping",
-        "--connect",
-        target,
-        "--count",
-        &count,
-        "--interval-ms",
-        "50",
-    ];
-    c.spawn_in_pod("m", "client", &argv).unwrap()
 }
 
 /// Values of the full install: ztunnel drains for 3 s (8 s grace less 5).

@@ -515,17 +515,7 @@ fn running_pods_are_enrolled_and_unenrolled_by_namespace_label() {
 
 /// One connection from `m/client` to `target`: 60 pings 100 ms apart (6 s).
 fn long_ping(c: &LocalCluster, target: &str) -> e2e::process::ChildGuard {
-    let argv = [
-        "e2e-app",
-        "ping",
-        "--connect",
-        target,
-        "--count",
-        "60",
-        "--interval-ms",
-        "100",
-    ];
-    c.spawn_in_pod("m", "client", &argv).unwrap()
+    c.spawn_ping(("m", "client"), target, 60, 100).unwrap()
 }
 
 #[test]

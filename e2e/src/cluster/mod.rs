@@ -918,6 +918,30 @@ impl LocalCluster {
         ChildGuard::spawn_group(&format!("{}-exec-{ns}-{name}", self.tag), cmd)
     }
 
+    /// `e2e-app ping` from a pod, in the background: one connection to an echo server
+    /// at `target`, `count` round trips `interval_ms` apart; the process exits 3 if the
+    /// connection closes before the last.
+    pub fn spawn_ping(
+        &self,
+        (ns, from): (&str, &str),
+        target: &str,
+        count: u32,
+        interval_ms: u32,
+    ) -> Result<ChildGuard> {
+        let (count, interval) = (count.to_string(), interval_ms.to_string());
+        let argv = [
+            "e2e-app",
+            "ping",
+            "--connect",
+            target,
+            "--count",
+            &count,
+            "--interval-ms",
+            &interval,
+        ];
+        self.spawn_in_pod(ns, from, &argv)
+    }
+
     /// `e2e-app send` from a pod; the sink's JSON answer.
     pub fn send(&self, ns: &str, from: &str, target: &str, bytes: u64) -> Result<Value> {
         let out = self.exec_in_pod(
