@@ -208,7 +208,7 @@ async fn channel(global: &Global, args: &XdsArgs, ns: &str) -> Result<Channel> {
 }
 
 async fn tls_config(global: &Global, args: &XdsArgs, ns: &str) -> Result<ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
     let mut config = if args.insecure {

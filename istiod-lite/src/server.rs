@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use mesh_ca::CertificateAuthority;
-use rustls::crypto::ring;
+use rustls::crypto::aws_lc_rs;
 use rustls::pki_types::PrivateKeyDer;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -35,7 +35,7 @@ impl ServingCert {
     ) -> anyhow::Result<(Arc<CertifiedKey>, SystemTime)> {
         let cert = ca.issue_serving(names, lifetime)?;
         let key = PrivateKeyDer::Pkcs8(cert.key);
-        let signer = ring::sign::any_supported_type(&key)?;
+        let signer = aws_lc_rs::sign::any_supported_type(&key)?;
         Ok((
             Arc::new(CertifiedKey::new(cert.chain, signer)),
             cert.not_after,
@@ -94,7 +94,7 @@ impl ResolvesServerCert for ServingCert {
 
 pub fn tls_acceptor(serving: Arc<ServingCert>) -> anyhow::Result<TlsAcceptor> {
     let mut config =
-        rustls::ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        rustls::ServerConfig::builder_with_provider(Arc::new(aws_lc_rs::default_provider()))
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_cert_resolver(serving);

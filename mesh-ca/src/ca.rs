@@ -573,7 +573,7 @@ pub fn verify_chain(
             .map_err(|e| format!("unusable root: {e}"))?;
     }
     let leaf = ParsedCertificate::try_from(leaf).map_err(|e| e.to_string())?;
-    let provider = rustls::crypto::ring::default_provider();
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
     rustls::client::verify_server_cert_signed_by_trust_anchor(
         &leaf,
         &store,

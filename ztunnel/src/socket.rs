@@ -61,12 +61,13 @@ impl LocalSocketFactory {
     }
 }
 
-/// A marked TCP socket with `TCP_NODELAY`: the proxy forwards what it reads at once,
-/// so Nagle would only add latency.
+/// A marked, non-blocking TCP socket with `TCP_NODELAY`: the proxy forwards what it
+/// reads at once, so Nagle would only add latency. Non-blocking from `socket(2)` on
+/// (`SOCK_NONBLOCK`): two `fcntl` calls fewer on every upstream connection.
 pub fn marked_socket(family_of: SocketAddr, mark: u32) -> io::Result<Socket> {
     let socket = Socket::new(
         Domain::for_address(family_of),
-        Type::STREAM,
+        Type::STREAM.nonblocking(),
         Some(Protocol::TCP),
     )?;
     set_mark(&socket, mark)?;
@@ -83,9 +84,8 @@ fn set_mark(socket: &Socket, mark: u32) -> io::Result<()> {
     socket.set_mark(mark)
 }
 
-/// Hands a (blocking) socket2 socket to tokio.
+/// Hands a socket from [`marked_socket`] (already non-blocking) to tokio.
 pub fn into_tokio_socket(socket: Socket) -> io::Result<TcpSocket> {
-    socket.set_nonblocking(true)?;
     Ok(TcpSocket::from_std_stream(socket.into()))
 }
 

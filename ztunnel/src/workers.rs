@@ -27,6 +27,7 @@ thread_local! {
 /// One worker: its runtime, and how many connections it runs now.
 #[derive(Clone)]
 pub struct Worker {
+    index: usize,
     runtime: Handle,
     connections: Arc<AtomicUsize>,
 }
@@ -40,7 +41,9 @@ pub fn run<F: Future>(count: usize, main: F) -> io::Result<F::Output> {
         .collect::<io::Result<Vec<_>>>()?;
     let workers: Arc<[Worker]> = runtimes
         .iter()
-        .map(|r| Worker {
+        .enumerate()
+        .map(|(index, r)| Worker {
+            index,
             runtime: r.handle().clone(),
             connections: Arc::default(),
         })
@@ -89,6 +92,7 @@ pub fn pick() -> Worker {
                 .cloned()
         })
         .unwrap_or_else(|| Worker {
+            index: 0,
             runtime: Handle::current(),
             connections: Arc::default(),
         })
@@ -96,8 +100,12 @@ pub fn pick() -> Worker {
 
 impl Worker {
     /// Moves `stream` to this worker's reactor, so that its readiness wakes this
-    /// worker and not the one that accepted it.
+    /// worker and not the one that accepted it. A stream accepted on this worker
+    /// stays registered as it is (moving costs three `epoll_ctl` calls).
     pub fn adopt(&self, stream: TcpStream) -> io::Result<TcpStream> {
+        if self.index == current() {
+            return Ok(stream);
+        }
         let stream = stream.into_std()?;
         let _context = self.runtime.enter();
         TcpStream::from_std(stream)

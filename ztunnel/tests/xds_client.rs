@@ -102,7 +102,7 @@ async fn start_istiod(
         .issue_serving(&[SERVER_NAME.to_owned()], Duration::from_secs(3600))
         .unwrap();
     let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()

@@ -1,8 +1,13 @@
-//! The state file: one JSON document with the latest resourceVersion and every object
-//! (tagged with its group and plural), rewritten atomically on each change.
+//! The state on disk, kept as etcd keeps it: a snapshot (one JSON document with the
+//! latest resourceVersion and every object, tagged with its group and plural) and a
+//! journal of the changes since, one JSON line each. A write appends only what it
+//! changed, so its cost does not grow with the cluster (rewriting every object on
+//! each write once made a pod PATCH take 6 ms with 100 pods); the snapshot is
+//! rewritten, and the journal emptied, every [`COMPACT_AFTER`] changes.
 
-use std::io::{Error, ErrorKind};
-use std::path::Path;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Error, ErrorKind, Write};
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
@@ -21,6 +26,128 @@ pub fn save<'a>(
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, serde_json::to_vec(&doc).map_err(Error::other)?)?;
     std::fs::rename(&tmp, path)
+}
+
+/// Changes the journal holds before the next write compacts it into the snapshot.
+pub const COMPACT_AFTER: usize = 2000;
+
+/// One change as the journal holds it: the object as committed (for a deletion, as it
+/// was deleted).
+pub struct Change<'a> {
+    pub rv: u64,
+    pub resource: &'static Resource,
+    pub object: &'a Value,
+    pub deleted: bool,
+}
+
+/// A change read back from the journal.
+pub struct Replayed {
+    pub rv: u64,
+    pub resource: &'static Resource,
+    pub object: Value,
+    pub deleted: bool,
+}
+
+/// The snapshot file and its journal (`<snapshot>.journal`), open for appending.
+pub struct Disk {
+    snapshot: PathBuf,
+    journal: File,
+    entries: usize,
+}
+
+impl Disk {
+    /// Writes a fresh snapshot and starts an empty journal.
+    pub fn create<'a>(
+        snapshot: &Path,
+        resource_version: u64,
+        objects: impl Iterator<Item = (&'a str, &'a str, &'a Value)>,
+    ) -> std::io::Result<Disk> {
+        save(snapshot, resource_version, objects)?;
+        let journal = File::create(journal_path(snapshot))?;
+        Ok(Disk {
+            snapshot: snapshot.to_path_buf(),
+            journal,
+            entries: 0,
+        })
+    }
+
+    /// Appends `changes` in one write.
+    pub fn append<'a>(&mut self, changes: impl Iterator<Item = Change<'a>>) -> std::io::Result<()> {
+        let mut lines = Vec::new();
+        for change in changes {
+            let (group, plural) = change.resource.storage_key();
+            let line = json!({
+                "rv": change.rv.to_string(),
+                "group": group,
+                "plural": plural,
+                "object": change.object,
+                "deleted": change.deleted,
+            });
+            serde_json::to_writer(&mut lines, &line).map_err(Error::other)?;
+            lines.push(b'\n');
+            self.entries += 1;
+        }
+        self.journal.write_all(&lines)
+    }
+
+    pub fn needs_compaction(&self) -> bool {
+        self.entries >= COMPACT_AFTER
+    }
+
+    /// Folds the journal into a new snapshot of `objects`. The snapshot is renamed into
+    /// place before the journal is emptied: a crash between the two leaves changes
+    /// the snapshot already holds, which replay skips by resourceVersion.
+    pub fn compact<'a>(
+        &mut self,
+        resource_version: u64,
+        objects: impl Iterator<Item = (&'a str, &'a str, &'a Value)>,
+    ) -> std::io::Result<()> {
+        *self = Disk::create(&self.snapshot, resource_version, objects)?;
+        Ok(())
+    }
+}
+
+fn journal_path(snapshot: &Path) -> PathBuf {
+    let mut name = snapshot.as_os_str().to_owned();
+    name.push(".journal");
+    PathBuf::from(name)
+}
+
+/// The journal beside `snapshot`, oldest change first (none when there is no journal).
+/// A last line cut short (the server died mid-write) ends the replay with a warning.
+pub fn replay(snapshot: &Path) -> std::io::Result<Vec<Replayed>> {
+    let path = journal_path(snapshot);
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut changes = Vec::new();
+    for line in BufReader::new(file).lines() {
+        let line = line?;
+        let parsed = serde_json::from_str::<Value>(&line).ok().and_then(|entry| {
+            let rv = entry.get("rv")?.as_str()?.parse().ok()?;
+            let group = entry.get("group")?.as_str()?;
+            let plural = entry.get("plural")?.as_str()?;
+            let resource = resources::by_storage(group, plural)?;
+            let deleted = entry.get("deleted")?.as_bool()?;
+            let object = entry.get("object").filter(|o| o.is_object())?.clone();
+            Some(Replayed {
+                rv,
+                resource,
+                object,
+                deleted,
+            })
+        });
+        match parsed {
+            Some(change) => changes.push(change),
+            None => {
+                tracing::warn!(path = %path.display(), "journal: stopping at an unreadable line");
+                break;
+            }
+        }
+    }
+    Ok(changes)
 }
 
 /// Reads a snapshot: the resourceVersion and the objects of known resources (others
@@ -74,5 +201,45 @@ mod tests {
         assert!(load(&path).is_err());
         std::fs::write(&path, "{\"objects\": []}").unwrap();
         assert!(load(&path).is_err());
+    }
+
+    #[test]
+    fn the_journal_replays_changes_after_the_snapshot_and_stops_at_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.json");
+        let pods = resources::by_storage("", "pods").unwrap();
+        let pod = json!({"metadata": {"name": "p", "namespace": "d"}});
+        let mut disk = Disk::create(&path, 10, std::iter::empty()).unwrap();
+        let change = |rv, deleted| Change {
+            rv,
+            resource: pods,
+            object: &pod,
+            deleted,
+        };
+        disk.append([change(11, false), change(12, true)].into_iter())
+            .unwrap();
+        let replayed = replay(&path).unwrap();
+        assert_eq!(
+            replayed
+                .iter()
+                .map(|c| (c.rv, c.deleted))
+                .collect::<Vec<_>>(),
+            [(11, false), (12, true)]
+        );
+        assert_eq!(replayed[0].object, pod);
+
+        // A write cut short: the lines before it still count.
+        let mut journal = std::fs::OpenOptions::new()
+            .append(true)
+            .open(journal_path(&path))
+            .unwrap();
+        journal.write_all(b"{\"rv\": \"13\", \"gro").unwrap();
+        assert_eq!(replay(&path).unwrap().len(), 2);
+
+        // Compaction: the snapshot takes the objects, the journal starts empty.
+        disk.compact(12, [("", "pods", &pod)].into_iter()).unwrap();
+        assert!(replay(&path).unwrap().is_empty());
+        let (rv, objects) = load(&path).unwrap();
+        assert_eq!((rv, objects.len()), (12, 1));
     }
 }

@@ -1,7 +1,8 @@
 //! The object store: unstructured objects keyed by (group, plural, namespace, name),
 //! one global resourceVersion counter, a bounded event log for watches that resume
-//! from a resourceVersion, a broadcast of new events, and an optional JSON snapshot
-//! on disk so a restarted server keeps its objects and resourceVersions.
+//! from a resourceVersion, a broadcast of new events, and optionally the state on disk
+//! (`persist`: snapshot and journal) so a restarted server keeps its objects and
+//! resourceVersions.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -97,7 +98,6 @@ pub enum WatchStart {
 pub struct Store {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<Event>>,
-    state_file: Option<PathBuf>,
 }
 
 struct Inner {
@@ -111,10 +111,13 @@ struct Inner {
     compacted: u64,
     /// Events of the mutation in progress, not yet broadcast.
     pending: Vec<Arc<Event>>,
+    /// Where committed changes are written, with a state file.
+    disk: Option<persist::Disk>,
 }
 
 impl Store {
-    /// Loads `state_file` when it exists, else starts with the default namespaces.
+    /// Loads `state_file` (and replays its journal) when it exists, else starts with
+    /// the default namespaces.
     /// A fresh store starts its resourceVersions at the current time in microseconds,
     /// so clients of an earlier, forgotten incarnation get 410 and re-list.
     pub fn open(
@@ -131,6 +134,7 @@ impl Store {
             compacted: 0,
             pending: Vec::new(),
             service_ranges,
+            disk: None,
         };
         let loaded = match &state_file {
             Some(path) if path.exists() => {
@@ -139,6 +143,23 @@ impl Store {
                 for (rs, obj) in objects {
                     let key = Key::new(rs, meta::namespace_of(&obj), meta::name_of(&obj));
                     inner.objects.insert(key, obj);
+                }
+                for change in persist::replay(path)? {
+                    if change.rv <= inner.rv {
+                        continue; // already in the snapshot
+                    }
+                    inner.rv = change.rv;
+                    let obj = change.object;
+                    let key = Key::new(
+                        change.resource,
+                        meta::namespace_of(&obj),
+                        meta::name_of(&obj),
+                    );
+                    if change.deleted {
+                        inner.objects.remove(&key);
+                    } else {
+                        inner.objects.insert(key, obj);
+                    }
                 }
                 true
             }
@@ -163,13 +184,14 @@ impl Store {
         inner.log.clear();
         inner.pending.clear();
         inner.compacted = inner.rv;
-        let store = Store {
+        if let Some(path) = &state_file {
+            let disk = persist::Disk::create(path, inner.rv, inner.stored())?;
+            inner.disk = Some(disk);
+        }
+        Ok(Store {
             inner: Mutex::new(inner),
             tx,
-            state_file,
-        };
-        store.persist(&store.lock());
-        Ok(store)
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -293,11 +315,11 @@ impl Store {
         if events.is_empty() {
             return;
         }
+        inner.persist(&events);
         for event in events {
             // No receivers is fine: nobody is watching.
             let _ = self.tx.send(event);
         }
-        self.persist(inner);
     }
 
     /// Starts a watch on `rs`: the subscription is taken under the store lock, so no
@@ -350,20 +372,35 @@ impl Store {
         inner.log.clear();
         inner.compacted = inner.rv;
     }
-
-    /// Writes the snapshot (write to a temporary file, then rename: never half a file).
-    fn persist(&self, inner: &Inner) {
-        let Some(path) = &self.state_file else {
-            return;
-        };
-        let objects = inner.objects.iter().map(|(k, v)| (k.group, k.plural, v));
-        if let Err(e) = persist::save(path, inner.rv, objects) {
-            tracing::warn!(path = %path.display(), "cannot persist API server state: {e}");
-        }
-    }
 }
 
 impl Inner {
+    /// Every object with its storage group and plural, as the snapshot holds them.
+    fn stored(&self) -> impl Iterator<Item = (&str, &str, &Value)> {
+        self.objects.iter().map(|(k, v)| (k.group, k.plural, v))
+    }
+
+    /// Journals `events` (compacting now and then), with a state file.
+    fn persist(&mut self, events: &[Arc<Event>]) {
+        let Some(disk) = &mut self.disk else {
+            return;
+        };
+        let changes = events.iter().map(|e| persist::Change {
+            rv: e.rv,
+            resource: e.resource,
+            object: &e.object,
+            deleted: e.kind == EventType::Deleted,
+        });
+        let mut written = disk.append(changes);
+        if written.is_ok() && disk.needs_compaction() {
+            let objects = self.objects.iter().map(|(k, v)| (k.group, k.plural, v));
+            written = disk.compact(self.rv, objects);
+        }
+        if let Err(e) = written {
+            tracing::warn!("cannot persist API server state: {e}");
+        }
+    }
+
     /// Fills server-owned metadata and type defaults of a new object.
     fn prepare_create(&self, rs: &'static Resource, key: &Key, mut obj: Value) -> ApiResult<Value> {
         if rs.namespaced {

@@ -37,7 +37,7 @@ pub fn acceptor(addr: SocketAddr) -> Result<(TlsAcceptor, String), String> {
     let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
     let pem = cert.pem();
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?

@@ -1,11 +1,15 @@
 //! HBONE: user TCP connections carried as HTTP/2 CONNECT streams over mutual TLS.
 //!
-//! `pool` holds the client connections (one per key, many streams each), `server`
-//! accepts them, and `stream` copies bytes between a TCP socket and a stream.
+//! `pool` holds the client connections (one per key, many streams each), `early`
+//! forwards a client's first bytes while its CONNECT is in flight, `server` accepts
+//! the streams, and `stream` copies bytes between a TCP socket and a stream.
 
+pub mod early;
 pub mod pool;
 pub mod server;
 pub mod stream;
+#[cfg(test)]
+mod test_support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -54,4 +58,6 @@ pub enum HboneError {
     Request(#[from] http::Error),
     #[error("peer answered {0}")]
     Status(http::StatusCode),
+    #[error("reading from the client: {0}")]
+    Client(std::io::Error),
 }

@@ -21,9 +21,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use rustls_pki_types::ServerName;
+use tokio::io::AsyncRead;
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
+use super::early::EarlyData;
 use super::stream::H2Stream;
 use super::*;
 use crate::identity::{Identity, SecretManager};
@@ -146,15 +148,27 @@ impl Pool {
     /// pooled connection turns out to be dead, the request is retried once on a
     /// fresh connection.
     pub async fn connect(&self, req: &ConnectRequest) -> Result<H2Stream, HboneError> {
+        let mut nothing = tokio::io::empty();
+        self.connect_with_early_data(req, &mut EarlyData::new(&mut nothing))
+            .await
+    }
+
+    /// [`Pool::connect`], forwarding what the client sends while the request is in
+    /// flight (see [`EarlyData`]).
+    pub async fn connect_with_early_data<R: AsyncRead + Unpin>(
+        &self,
+        req: &ConnectRequest,
+        early: &mut EarlyData<'_, R>,
+    ) -> Result<H2Stream, HboneError> {
         let slot = self.slot(&req.key);
         let (lease, fresh) = self.checkout(&slot, req).await?;
-        match self.send(lease, req).await {
+        match self.send(lease, req, early).await {
             Attempt::Done(result) => result,
             Attempt::ConnectionFailed(e) if !fresh => {
                 debug!(dst = %req.key.dst, error = %e, "pooled HBONE connection failed; retrying on a new one");
                 self.metrics.hbone_pool_retries.inc();
                 let lease = self.open_into(&slot, req).await?;
-                match self.send(lease, req).await {
+                match self.send(lease, req, early).await {
                     Attempt::Done(result) => result,
                     Attempt::ConnectionFailed(e) => Err(e),
                 }
@@ -280,7 +294,12 @@ impl Pool {
         }))
     }
 
-    async fn send(&self, lease: Lease, req: &ConnectRequest) -> Attempt {
+    async fn send<R: AsyncRead + Unpin>(
+        &self,
+        lease: Lease,
+        req: &ConnectRequest,
+        early: &mut EarlyData<'_, R>,
+    ) -> Attempt {
         let connection = lease.0.clone();
         let broken = |e: h2::Error| {
             connection.closed.store(true, Ordering::Release);
@@ -294,11 +313,18 @@ impl Pool {
             Ok(request) => request,
             Err(e) => return Attempt::Done(Err(e.into())),
         };
-        let (response, send) = match sender.send_request(request, false) {
+        let (response, mut send) = match sender.send_request(request, false) {
             Ok(pair) => pair,
             Err(e) => return broken(e),
         };
-        let response = match response.await {
+        if let Err(e) = early.replay(&mut send) {
+            return broken(e);
+        }
+        let response = match early.forward_until(&mut send, response).await {
+            Ok(response) => response,
+            Err(e) => return Attempt::Done(Err(HboneError::Client(e))),
+        };
+        let response = match response {
             Ok(response) => response,
             // A refused or reset stream is the server's answer, not a dead connection.
             Err(e) if e.is_reset() && e.reason() != Some(h2::Reason::REFUSED_STREAM) => {

@@ -278,7 +278,8 @@ mod tests {
 #[cfg(test)]
 mod idle_tests {
     use super::*;
-    use http::{Method, Request, Response};
+    use crate::hbone::test_support::send_connect;
+    use http::Response;
 
     /// A CONNECT stream over an in-memory HTTP/2 connection: (client side, server side).
     async fn stream_pair() -> ((SendStream<Bytes>, RecvStream), H2Stream) {
@@ -290,19 +291,7 @@ mod idle_tests {
             tokio::spawn(async move { while connection.accept().await.is_some() {} });
             H2Stream::new(send, request.into_body())
         });
-        let (client, connection) = h2::client::handshake(client_io).await.unwrap();
-        tokio::spawn(connection);
-        let request = Request::builder()
-            .method(Method::CONNECT)
-            .uri("10.0.0.1:80")
-            .body(())
-            .unwrap();
-        let (response, send) = client
-            .ready()
-            .await
-            .unwrap()
-            .send_request(request, false)
-            .unwrap();
+        let (response, send) = send_connect(client_io).await;
         let server_side = server.await.unwrap();
         let recv = response.await.unwrap().into_body();
         ((send, recv), server_side)

@@ -10,6 +10,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
 use super::ProxyInputs;
+use crate::hbone::early::EarlyData;
 use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
 use crate::hbone::stream::{copy_bidirectional, copy_tcp};
 use crate::identity::Identity;
@@ -251,7 +252,7 @@ impl Outbound {
     #[allow(clippy::too_many_arguments)]
     async fn tunnel(
         &self,
-        client: TcpStream,
+        mut client: TcpStream,
         peer: SocketAddr,
         src_identity: &Identity,
         source: Option<&Workload>,
@@ -287,7 +288,13 @@ impl Outbound {
         if let Some(svc) = &service {
             labels = labels.with_service(&svc.hostname);
         }
-        let stream = match self.pool.connect(&request).await {
+        let mut early = EarlyData::new(&mut client);
+        let connected = self
+            .pool
+            .connect_with_early_data(&request, &mut early)
+            .await;
+        let early_bytes = early.len() as u64;
+        let stream = match connected {
             Ok(stream) => stream,
             Err(e) => {
                 warn!(dst = %target, identity = %dst_identity, error = %e, "HBONE connect failed");
@@ -301,9 +308,11 @@ impl Outbound {
             }
         };
         let recorder = ConnectionRecorder::open(&self.inputs.metrics, labels);
+        recorder.received.inc_by(early_bytes);
         match copy_bidirectional(client, stream, &recorder.received, &recorder.sent, None).await {
             Ok(t) => {
-                debug!(dst = %target, up = t.tcp_to_stream, down = t.stream_to_tcp, "connection closed")
+                let up = early_bytes + t.tcp_to_stream;
+                debug!(dst = %target, up, down = t.stream_to_tcp, "connection closed")
             }
             Err(e) => info!(dst = %target, error = %e, "connection ended with an error"),
         }

@@ -229,7 +229,7 @@ async fn server_refuses_tls12() {
     let ca = ca();
     let client = ca.issue(&client_id(), DAY).unwrap();
     let server = ca.issue(&server_id(), DAY).unwrap();
-    let provider = Arc::new(ring::default_provider());
+    let provider = Arc::new(aws_lc_rs::default_provider());
     let verifier = ExpectedIdentityVerifier::new(
         root_store(&client.roots).unwrap(),
         vec![server_id()],

@@ -27,6 +27,28 @@ pub fn io_syscalls(pid: u32) -> u64 {
         .sum()
 }
 
+/// CPU time the whole machine spent busy so far, in clock ticks: every column of
+/// `/proc/stat`'s `cpu` line but idle and iowait (guest time is already in user).
+pub fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("cpu "))
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    fields
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| !matches!(i, 3 | 4))
+        .map(|(_, v)| v)
+        .sum()
+}
+
 pub fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
