@@ -248,18 +248,13 @@ fn start_xds_discovery(
     if !missing.is_empty() {
         bail!("XDS_ADDRESS needs {} (this ztunnel's pod, from the downward API): istiod identifies the proxy by them", missing.join(", "));
     }
-    let control_plane = ControlPlaneConfig {
-        address: config.xds_address.clone(),
-        root_ca: config
-            .xds_root_ca
-            .parse()
-            .map_err(|e| anyhow::anyhow!("XDS_ROOT_CA: {e}"))?,
-        token: TokenSource::from_setting(config.auth_token.as_deref(), DEFAULT_AUTH_TOKEN),
-        cluster_id: config.cluster_id.clone(),
-        alt_hostname: config.alt_xds_hostname.clone(),
-        extra_headers: ControlPlaneConfig::headers_from_env("XDS"),
-        packet_mark: config.packet_mark,
-    };
+    let control_plane = control_plane_config(
+        config,
+        "XDS",
+        &config.xds_address,
+        &config.xds_root_ca,
+        &config.alt_xds_hostname,
+    )?;
     let control_plane = match ca {
         Some(ca) => ca.sharing_connection(&control_plane),
         None => ControlPlane::new(&control_plane),
@@ -307,18 +302,13 @@ fn certificate_source(
         ("", None) => bail!("no certificate authority: set CA_ADDRESS (istiod's certificate service) or, on a VM without a control plane, CA_CERTS_DIR (Istio's plug-in CA files, e.g. from `ztunnel ca init --out DIR`)"),
         (_, Some(_)) => bail!("CA_ADDRESS and CA_CERTS_DIR are both set: with a control plane the CA key stays in istiod; unset CA_CERTS_DIR"),
         (address, None) => {
-            let control_plane = ControlPlaneConfig {
-                address: address.to_owned(),
-                root_ca: config
-                    .ca_root_ca
-                    .parse()
-                    .map_err(|e| anyhow::anyhow!("CA_ROOT_CA: {e}"))?,
-                token: TokenSource::from_setting(config.auth_token.as_deref(), DEFAULT_AUTH_TOKEN),
-                cluster_id: config.cluster_id.clone(),
-                alt_hostname: config.alt_ca_hostname.clone(),
-                extra_headers: ControlPlaneConfig::headers_from_env("CA"),
-                packet_mark: config.packet_mark,
-            };
+            let control_plane = control_plane_config(
+                config,
+                "CA",
+                address,
+                &config.ca_root_ca,
+                &config.alt_ca_hostname,
+            )?;
             let control_plane =
                 ControlPlane::new(&control_plane).context("configuring the CA client")?;
             let client = CaClient::new(
@@ -332,6 +322,28 @@ fn certificate_source(
             ))
         }
     }
+}
+
+/// istiod as one client (`prefix`: `CA` or `XDS`) reaches it: its address, root and
+/// name, with the token, cluster id and packet mark both share.
+fn control_plane_config(
+    config: &Config,
+    prefix: &str,
+    address: &str,
+    root_ca: &str,
+    alt_hostname: &Option<String>,
+) -> anyhow::Result<ControlPlaneConfig> {
+    Ok(ControlPlaneConfig {
+        address: address.to_owned(),
+        root_ca: root_ca
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{prefix}_ROOT_CA: {e}"))?,
+        token: TokenSource::from_setting(config.auth_token.as_deref(), DEFAULT_AUTH_TOKEN),
+        cluster_id: config.cluster_id.clone(),
+        alt_hostname: alt_hostname.clone(),
+        extra_headers: ControlPlaneConfig::headers_from_env(prefix),
+        packet_mark: config.packet_mark,
+    })
 }
 
 /// Admin (15000), metrics (15020) and readiness (15021).
