@@ -33,7 +33,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 use tonic::{Code, Streaming};
-use ztunnel::control_plane::{ControlPlane, ControlPlaneConfig, RootCa, TokenSource};
+use ztunnel::control_plane::{ControlPlaneConfig, RootCa, TokenSource};
 use ztunnel::discovery::xds::{self as client, NodeIdentity, XdsConfig};
 use ztunnel::state::demand::LOOKUP_TIMEOUT;
 use ztunnel::state::StateStore;
@@ -237,7 +237,7 @@ impl Fixture {
     fn ztunnel_with(&self, token: String, on_demand: Option<String>) -> StateStore {
         let store = StateStore::new();
         let config = XdsConfig {
-            control_plane: ControlPlane::new(&ControlPlaneConfig {
+            control_plane: ControlPlaneConfig {
                 address: self.addr.clone(),
                 root_ca: RootCa::Pem(self.root_pem.clone()),
                 token: TokenSource::Literal(token),
@@ -245,8 +245,7 @@ impl Fixture {
                 alt_hostname: Some(SERVER_NAME.into()),
                 extra_headers: vec![],
                 packet_mark: 0,
-            })
-            .unwrap(),
+            },
             node: NodeIdentity {
                 pod_name: "ztunnel-1".into(),
                 pod_namespace: "istio-system".into(),
@@ -263,7 +262,8 @@ impl Fixture {
             Arc::new(client::XdsMetrics::default()),
             None,
             self.cancel.clone(),
-        );
+        )
+        .unwrap();
         store
     }
 }

@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use crate::admin::Admin;
 use crate::config::{Config, DiscoverySource, ProxyMode, DEFAULT_AUTH_TOKEN};
-use crate::control_plane::{ControlPlane, ControlPlaneConfig, TokenSource};
+use crate::control_plane::{ControlPlaneConfig, TokenSource};
 use crate::discovery::local::watch_local_file;
 use crate::discovery::{xds, FirstSync};
 use crate::dns::DnsProxy;
@@ -37,8 +37,11 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
         config.cluster_id = cluster;
     }
     let metrics = Arc::new(Metrics::new());
-    let (source, ca) = certificate_source(&config)?;
-    let certs = SecretManager::new(source, config.workload_cert_ttl, metrics.certs.clone());
+    let certs = SecretManager::new(
+        certificate_source(&config)?,
+        config.workload_cert_ttl,
+        metrics.certs.clone(),
+    );
     let state = StateStore::new();
     let readiness = Readiness::new();
     let startup = readiness.register("startup");
@@ -56,12 +59,7 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
     // xDS fills the store in the background: pods wait for its first sync.
     let from_xds = match config.discovery() {
         DiscoverySource::Xds => Some(start_xds_discovery(
-            &config,
-            ca.as_ref(),
-            &state,
-            &metrics,
-            &readiness,
-            &shutdown,
+            &config, &state, &metrics, &readiness, &shutdown,
         )?),
         DiscoverySource::Local => None,
     };
@@ -220,11 +218,8 @@ async fn first_certificate(
 
 /// xDS discovery (XDS_ADDRESS). Readiness waits for a response of each type; an
 /// unreachable istiod is retried, not fatal.
-/// `ca`: the CA client's connection to istiod, which xDS shares when both reach it
-/// alike.
 fn start_xds_discovery(
     config: &Config,
-    ca: Option<&ControlPlane>,
     state: &StateStore,
     metrics: &Metrics,
     readiness: &Readiness,
@@ -248,21 +243,14 @@ fn start_xds_discovery(
     if !missing.is_empty() {
         bail!("XDS_ADDRESS needs {} (this ztunnel's pod, from the downward API): istiod identifies the proxy by them", missing.join(", "));
     }
-    let control_plane = control_plane_config(
-        config,
-        "XDS",
-        &config.xds_address,
-        &config.xds_root_ca,
-        &config.alt_xds_hostname,
-    )?;
-    let control_plane = match ca {
-        Some(ca) => ca.sharing_connection(&control_plane),
-        None => ControlPlane::new(&control_plane),
-    }
-    .context("configuring the xDS client")?;
-    let shared = ca.is_some_and(|ca| ca.shares_connection_with(&control_plane));
     let xds = xds::XdsConfig {
-        control_plane,
+        control_plane: control_plane_config(
+            config,
+            "XDS",
+            &config.xds_address,
+            &config.xds_root_ca,
+            &config.alt_xds_hostname,
+        )?,
         node: xds::NodeIdentity {
             pod_name: config.pod_name.clone(),
             pod_namespace: config.pod_namespace.clone(),
@@ -280,24 +268,21 @@ fn start_xds_discovery(
         metrics.xds.clone(),
         Some(ready),
         shutdown.clone(),
-    );
-    info!(address = %config.xds_address, on_demand = config.xds_on_demand,
-        shares_ca_connection = shared, "workloads, services and policies come from istiod over xDS");
+    )
+    .context("configuring the xDS client")?;
+    info!(address = %config.xds_address, on_demand = config.xds_on_demand, "workloads, services and policies come from istiod over xDS");
     Ok(synced)
 }
 
-/// istiod (CA_ADDRESS) in a cluster, with the client's connection to it; the CA
-/// files (CA_CERTS_DIR) on a VM without a control plane. Never both: a node that
-/// holds the CA key defeats istiod.
-fn certificate_source(
-    config: &Config,
-) -> anyhow::Result<(CertificateSource, Option<ControlPlane>)> {
+/// istiod (CA_ADDRESS) in a cluster; the CA files (CA_CERTS_DIR) on a VM without
+/// a control plane. Never both: a node that holds the CA key defeats istiod.
+fn certificate_source(config: &Config) -> anyhow::Result<CertificateSource> {
     match (config.ca_address.as_str(), config.ca_certs_dir.as_deref()) {
         ("", Some(dir)) => {
             let ca = CertificateAuthority::load(dir)
                 .with_context(|| format!("loading the mesh CA from {}", dir.display()))?;
             info!(dir = %dir.display(), "workload certificates are signed here, from CA_CERTS_DIR");
-            Ok((CertificateSource::Local(Arc::new(ca)), None))
+            Ok(CertificateSource::Local(Arc::new(ca)))
         }
         ("", None) => bail!("no certificate authority: set CA_ADDRESS (istiod's certificate service) or, on a VM without a control plane, CA_CERTS_DIR (Istio's plug-in CA files, e.g. from `ztunnel ca init --out DIR`)"),
         (_, Some(_)) => bail!("CA_ADDRESS and CA_CERTS_DIR are both set: with a control plane the CA key stays in istiod; unset CA_CERTS_DIR"),
@@ -309,23 +294,16 @@ fn certificate_source(
                 &config.ca_root_ca,
                 &config.alt_ca_hostname,
             )?;
-            let control_plane =
-                ControlPlane::new(&control_plane).context("configuring the CA client")?;
-            let client = CaClient::new(
-                control_plane.clone(),
-                config.proxy_mode == ProxyMode::Shared,
-            );
+            let client = CaClient::new(&control_plane, config.proxy_mode == ProxyMode::Shared)
+                .context("configuring the CA client")?;
             info!(%address, "workload certificates come from istiod");
-            Ok((
-                CertificateSource::Remote(Arc::new(client)),
-                Some(control_plane),
-            ))
+            Ok(CertificateSource::Remote(Arc::new(client)))
         }
     }
 }
 
 /// istiod as one client (`prefix`: `CA` or `XDS`) reaches it: its address, root and
-/// name, with the token, cluster id and packet mark both share.
+/// name, with the token, cluster id and packet mark both use.
 fn control_plane_config(
     config: &Config,
     prefix: &str,

@@ -1,13 +1,12 @@
 //! The connection to istiod that the CA client (`CA_ADDRESS`) and the xDS client
-//! (`XDS_ADDRESS`) hold: TLS to istiod's serving certificate, ztunnel's packet mark,
-//! Istio's keepalive, and the headers every call carries (`authorization: Bearer
-//! <token>`, re-read each time since kubelet rotates it, `clusterid`, and the
-//! `*_HEADER_<name>` extras). When both reach istiod alike they share one connection.
+//! (`XDS_ADDRESS`) each hold: TLS to istiod's serving certificate, ztunnel's packet
+//! mark, Istio's keepalive, and the headers every call carries (`authorization:
+//! Bearer <token>`, re-read each time since kubelet rotates it, `clusterid`, and the
+//! `*_HEADER_<name>` extras).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -141,24 +140,12 @@ pub enum ControlPlaneError {
 #[derive(Clone)]
 pub struct ControlPlane {
     channel: Channel,
-    /// Which connection the channel is: one per channel made, shared by its clones.
-    connection: Arc<Reach>,
     token: TokenSource,
     headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
 }
 
-/// How a channel reaches istiod. Clients that agree on all of it can share one HTTP/2
-/// connection: gRPC multiplexes their calls.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Reach {
-    uri: Uri,
-    root_pem: String,
-    server_name: String,
-    mark: u32,
-}
-
-impl Reach {
-    fn of(config: &ControlPlaneConfig) -> Result<Self, ControlPlaneError> {
+impl ControlPlane {
+    pub fn new(config: &ControlPlaneConfig) -> Result<Self, ControlPlaneError> {
         let bad = |what: String| ControlPlaneError::Config(what);
         let address = if config.address.contains("://") {
             config.address.clone()
@@ -175,61 +162,20 @@ impl Reach {
             .alt_hostname
             .clone()
             .unwrap_or_else(|| host.trim_matches(['[', ']']).to_owned());
-        Ok(Reach {
-            root_pem: config.root_ca.pem()?,
-            server_name,
-            mark: config.packet_mark,
-            uri,
-        })
-    }
-
-    fn channel(&self) -> Result<Channel, ControlPlaneError> {
         let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&self.root_pem))
-            .domain_name(self.server_name.clone());
-        let endpoint = Endpoint::from(self.uri.clone())
+            .ca_certificate(Certificate::from_pem(config.root_ca.pem()?))
+            .domain_name(server_name);
+        let endpoint = Endpoint::from(uri)
             .tls_config(tls)
-            .map_err(|e| ControlPlaneError::Config(format!("TLS: {e}")))?
+            .map_err(|e| bad(format!("TLS: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
-        let mark = self.mark;
-        Ok(
-            endpoint.connect_with_connector_lazy(tower::service_fn(move |uri: Uri| {
-                connect_marked(uri, mark)
-            })),
-        )
-    }
-}
-
-impl ControlPlane {
-    pub fn new(config: &ControlPlaneConfig) -> Result<Self, ControlPlaneError> {
-        let reach = Reach::of(config)?;
-        let channel = reach.channel()?;
-        ControlPlane::on_channel(channel, Arc::new(reach), config)
-    }
-
-    /// A client for `config` on this one's connection when both reach istiod the same
-    /// way (address, root, server name, mark), else on a new one; with its own token
-    /// and headers either way. The CA client then rides the connection xDS keeps open,
-    /// so a node's first certificate waits for no TCP and TLS handshake with istiod.
-    pub fn sharing_connection(
-        &self,
-        config: &ControlPlaneConfig,
-    ) -> Result<Self, ControlPlaneError> {
-        if Reach::of(config)? != *self.connection {
-            return ControlPlane::new(config);
-        }
-        ControlPlane::on_channel(self.channel.clone(), self.connection.clone(), config)
-    }
-
-    fn on_channel(
-        channel: Channel,
-        connection: Arc<Reach>,
-        config: &ControlPlaneConfig,
-    ) -> Result<Self, ControlPlaneError> {
-        let bad = |what: String| ControlPlaneError::Config(what);
+        let mark = config.packet_mark;
+        let channel = endpoint.connect_with_connector_lazy(tower::service_fn(move |uri: Uri| {
+            connect_marked(uri, mark)
+        }));
         let mut headers = Vec::with_capacity(config.extra_headers.len() + 1);
         let cluster = AsciiMetadataValue::from_str(&config.cluster_id)
             .map_err(|_| bad("CLUSTER_ID is not valid header text".into()))?;
@@ -243,15 +189,9 @@ impl ControlPlane {
         }
         Ok(ControlPlane {
             channel,
-            connection,
             token: config.token.clone(),
             headers,
         })
-    }
-
-    /// Whether calls of both go over one connection.
-    pub fn shares_connection_with(&self, other: &ControlPlane) -> bool {
-        Arc::ptr_eq(&self.connection, &other.connection)
     }
 
     pub fn channel(&self) -> Channel {
@@ -315,43 +255,6 @@ mod tests {
         assert!("/no/such/file".parse::<RootCa>().is_err());
         let garbage = RootCa::Pem("-----BEGIN CERTIFICATE-----\n!!\n".into());
         assert!(garbage.pem().is_err());
-    }
-
-    #[tokio::test]
-    async fn clients_reaching_istiod_alike_share_one_connection() {
-        let ca = mesh_ca::CertificateAuthority::generate_self_signed("cluster.local").unwrap();
-        let config = |address: &str, mark: u32, alt: Option<&str>| ControlPlaneConfig {
-            address: address.into(),
-            root_ca: RootCa::Pem(ca.roots_pem()),
-            token: TokenSource::None,
-            cluster_id: "Kubernetes".into(),
-            alt_hostname: alt.map(Into::into),
-            extra_headers: vec![("X".into(), "ca".into())],
-            packet_mark: mark,
-        };
-        let xds = ControlPlane::new(&config("istiod.istio-system.svc:15012", 1337, None)).unwrap();
-        let ca_client = xds
-            .sharing_connection(&config("istiod.istio-system.svc:15012", 1337, None))
-            .unwrap();
-        assert!(ca_client.shares_connection_with(&xds));
-        for other in [
-            config("istiod.other.svc:15012", 1337, None),
-            config("istiod.istio-system.svc:15012", 0, None),
-            config(
-                "istiod.istio-system.svc:15012",
-                1337,
-                Some("istiod.example"),
-            ),
-        ] {
-            assert!(!xds
-                .sharing_connection(&other)
-                .unwrap()
-                .shares_connection_with(&xds));
-        }
-        // Channels made apart are apart, even to the same place.
-        let apart =
-            ControlPlane::new(&config("istiod.istio-system.svc:15012", 1337, None)).unwrap();
-        assert!(!apart.shares_connection_with(&xds));
     }
 
     #[test]

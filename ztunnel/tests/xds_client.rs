@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
-use ztunnel::control_plane::{ControlPlane, ControlPlaneConfig, TokenSource};
+use ztunnel::control_plane::{ControlPlaneConfig, TokenSource};
 use ztunnel::discovery::xds::{self, NodeIdentity, XdsConfig, XdsMetrics};
 use ztunnel::discovery::FirstSync;
 use ztunnel::readiness::Readiness;
@@ -165,7 +165,7 @@ fn start_client_with(
     let readiness = Readiness::new();
     let metrics = Arc::new(XdsMetrics::default());
     let config = XdsConfig {
-        control_plane: ControlPlane::new(&ControlPlaneConfig {
+        control_plane: ControlPlaneConfig {
             address: addr.to_owned(),
             root_ca: root_pem.parse().unwrap(),
             token: TokenSource::Literal("token-abc".into()),
@@ -173,8 +173,7 @@ fn start_client_with(
             alt_hostname: Some(SERVER_NAME.into()),
             extra_headers: vec![("X-Trace".into(), "t1".into())],
             packet_mark: 0,
-        })
-        .unwrap(),
+        },
         node: NodeIdentity {
             pod_name: "ztunnel-a1".into(),
             pod_namespace: "istio-system".into(),
@@ -191,7 +190,8 @@ fn start_client_with(
         metrics.clone(),
         Some(readiness.register("xds")),
         cancel.clone(),
-    );
+    )
+    .unwrap();
     Client {
         store,
         synced,

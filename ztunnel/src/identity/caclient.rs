@@ -14,7 +14,7 @@ use shared_types::istio::ca::{IstioCertificateRequest, IstioCertificateServiceCl
 use tonic::Code;
 
 use super::{Identity, WorkloadCertificate};
-use crate::control_plane::{ControlPlane, ControlPlaneError};
+use crate::control_plane::{ControlPlane, ControlPlaneConfig, ControlPlaneError};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -57,11 +57,11 @@ pub struct CaClient {
 }
 
 impl CaClient {
-    pub fn new(control_plane: ControlPlane, impersonate: bool) -> Self {
-        CaClient {
-            control_plane,
+    pub fn new(config: &ControlPlaneConfig, impersonate: bool) -> Result<Self, CaClientError> {
+        Ok(CaClient {
+            control_plane: ControlPlane::new(config)?,
             impersonate,
-        }
+        })
     }
 
     /// A leaf for `id`, valid for `lifetime` unless the CA shortens it.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-use ztunnel::control_plane::{ControlPlane, ControlPlaneConfig, RootCa, TokenSource};
+use ztunnel::control_plane::{ControlPlaneConfig, RootCa, TokenSource};
 use ztunnel::discovery::xds::{self, NodeIdentity, XdsConfig, XdsMetrics};
 use ztunnel::state::StateStore;
 
@@ -40,12 +40,12 @@ pub async fn measure(f: &mut Fixture, token: &str, clients: usize) -> Result<Vec
     for i in 0..clients {
         let m = Arc::new(XdsMetrics::default());
         synced.push(xds::start(
-            config(service, &f.root_pem, token, i)?,
+            config(service, &f.root_pem, token, i),
             StateStore::new(),
             m.clone(),
             None,
             cancel.clone(),
-        ));
+        )?);
         metrics.push(m);
     }
     for s in &synced {
@@ -116,9 +116,9 @@ fn counts(m: &XdsMetrics) -> (u64, u64, u64) {
     )
 }
 
-fn config(service: u16, root_pem: &str, token: &str, i: usize) -> Result<XdsConfig> {
-    Ok(XdsConfig {
-        control_plane: ControlPlane::new(&ControlPlaneConfig {
+fn config(service: u16, root_pem: &str, token: &str, i: usize) -> XdsConfig {
+    XdsConfig {
+        control_plane: ControlPlaneConfig {
             address: format!("127.0.0.1:{service}"),
             root_ca: RootCa::Pem(root_pem.to_owned()),
             token: TokenSource::Literal(token.to_owned()),
@@ -126,7 +126,7 @@ fn config(service: u16, root_pem: &str, token: &str, i: usize) -> Result<XdsConf
             alt_hostname: Some("istiod.istio-system.svc".into()),
             extra_headers: vec![],
             packet_mark: 0,
-        })?,
+        },
         node: NodeIdentity {
             pod_name: format!("ztunnel-{i}"),
             pod_namespace: "istio-system".into(),
@@ -136,7 +136,7 @@ fn config(service: u16, root_pem: &str, token: &str, i: usize) -> Result<XdsConf
             extra_metadata: vec![],
         },
         on_demand: None,
-    })
+    }
 }
 
 /// The Service: accepts on a loopback port and forwards each connection to the

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 pub use metrics::XdsMetrics;
 pub use resources::{ResourceError, Resources};
 
-use crate::control_plane::ControlPlane;
+use crate::control_plane::{ControlPlane, ControlPlaneConfig, ControlPlaneError};
 use crate::discovery::FirstSync;
 use crate::readiness::BlockReady;
 use crate::state::demand::Demand;
@@ -81,11 +81,10 @@ impl NodeIdentity {
 }
 
 /// Settings of the xDS client, with Istio's environment names.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct XdsConfig {
-    /// istiod as `XDS_ADDRESS`, `XDS_ROOT_CA`, `ALT_XDS_HOSTNAME`, `XDS_HEADER_*` and
-    /// `AUTH_TOKEN` say (its connection may be shared with the CA client).
-    pub control_plane: ControlPlane,
+    /// `XDS_ADDRESS`, `XDS_ROOT_CA`, `ALT_XDS_HOSTNAME`, `XDS_HEADER_*`, `AUTH_TOKEN`.
+    pub control_plane: ControlPlaneConfig,
     pub node: NodeIdentity,
     /// `XDS_ON_DEMAND`: Some(this ztunnel's `NETWORK`), the network of the keys.
     pub on_demand: Option<String>,
@@ -99,7 +98,8 @@ pub fn start(
     metrics: Arc<XdsMetrics>,
     ready: Option<BlockReady>,
     cancel: CancellationToken,
-) -> FirstSync {
+) -> Result<FirstSync, ControlPlaneError> {
+    let control_plane = ControlPlane::new(&config.control_plane)?;
     let (synced_tx, synced) = watch::channel(false);
     let lookups = config.on_demand.map(|network| {
         let (demand, lookups) = Demand::new(network);
@@ -108,7 +108,7 @@ pub fn start(
     });
     tokio::spawn(stream::run(
         stream::Client {
-            control_plane: config.control_plane,
+            control_plane,
             node: config.node.to_node(),
             state,
             metrics,
@@ -118,7 +118,7 @@ pub fn start(
         synced_tx,
         cancel,
     ));
-    FirstSync::new(synced)
+    Ok(FirstSync::new(synced))
 }
 
 #[cfg(test)]
