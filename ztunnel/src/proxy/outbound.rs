@@ -294,6 +294,7 @@ impl Outbound {
             .connect_with_early_data(&request, &mut early)
             .await;
         let early_bytes = early.len() as u64;
+        drop(early); // its copies of the early bytes: not for the connection's lifetime
         let stream = match connected {
             Ok(stream) => stream,
             Err(e) => {
