@@ -14,6 +14,7 @@ pub mod control_plane;
 pub mod discovery;
 pub mod dns;
 pub mod drain;
+pub mod fdtable;
 pub mod hbone;
 pub mod http;
 pub mod identity;

@@ -131,8 +131,16 @@ fn main() -> anyhow::Result<()> {
             }
         },
         None => {
+            // First, while this is the only thread: see `fdtable`.
+            let reserved = ztunnel::fdtable::reserve(ztunnel::fdtable::RESERVED);
             let config = cli.config;
             let logging = ztunnel::telemetry::init();
+            match reserved {
+                Ok(slots) => tracing::debug!(slots, "descriptor table reserved"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not grow the descriptor table up front; sockets may stall while it grows")
+                }
+            }
             let workers = config.worker_threads;
             ztunnel::workers::run(workers, ztunnel::app::run(config, Some(logging)))?
         }
