@@ -9,6 +9,8 @@ use std::process::{Command, Stdio};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
+use super::runtime::NodeSpawner;
+
 /// A parsed network configuration list.
 #[derive(Debug, Clone)]
 pub struct NetConfList {
@@ -21,8 +23,8 @@ pub struct NetConfList {
 /// Everything about one invocation except the command.
 #[derive(Debug, Clone)]
 pub struct Runtime {
-    /// Namespace the plugins run in (the node's), by name.
-    pub host_netns: String,
+    /// Starts the plugins as processes of the node.
+    pub node: NodeSpawner,
     pub container_id: String,
     /// The pod's namespace file (`CNI_NETNS`).
     pub netns_path: PathBuf,
@@ -31,10 +33,6 @@ pub struct Runtime {
     pub cni_path: Vec<PathBuf>,
     /// `CNI_ARGS`.
     pub args: String,
-    /// The node's own directories the plugins see at node paths (host file, node
-    /// path): a plugin configured by a node agent in a container finds the agent's
-    /// sockets where the agent says they are.
-    pub node_binds: Vec<(PathBuf, String)>,
 }
 
 impl Runtime {
@@ -150,11 +148,8 @@ fn invoke(
         conf["prevResult"] = prev.clone();
     }
     let cni_path = std::env::join_paths(&rt.cni_path)?;
-    let mut outer = Command::new("ip");
-    outer.args(["netns", "exec", &rt.host_netns]);
-    let argv = [program.to_string_lossy().into_owned()];
-    let mut child = super::runtime::node_view(outer, &rt.node_binds, &argv)
-        .env("CNI_COMMAND", command)
+    let mut cmd = Command::new(&program);
+    cmd.env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", &rt.container_id)
         .env("CNI_NETNS", &rt.netns_path)
         .env("CNI_IFNAME", &rt.ifname)
@@ -162,8 +157,10 @@ fn invoke(
         .env("CNI_ARGS", &rt.args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .stderr(Stdio::piped());
+    let mut child = rt
+        .node
+        .spawn(cmd)
         .with_context(|| format!("starting {}", program.display()))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin.write_all(&serde_json::to_vec(&conf)?)?;

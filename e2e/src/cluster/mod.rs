@@ -47,6 +47,7 @@ use controllers::Controllers;
 use kube_proxy::KubeProxy;
 use kubelet::{Kubelet, NodeInfo, PodHandle};
 pub use node::Node;
+use runtime::NodeSpawner;
 
 use crate::process::{wait_for, ChildGuard};
 
@@ -281,12 +282,16 @@ impl LocalCluster {
                 owner: sweep::cluster_marker(tag),
                 root: node.root_dir(),
                 pods_dir: node.dir.join("pods"),
-                // The chart's agent names its run dir by its node path.
-                plugin_binds: if install == MeshInstall::Harness {
-                    Vec::new()
-                } else {
-                    vec![(node.run_dir(), node::NODE_AGENT_RUN_DIR.to_owned())]
-                },
+                // The chart's agent names its run dir by its node path: the plugin
+                // finds the agent's sockets where the agent says they are.
+                plugins: NodeSpawner::start(
+                    &node.ns.path(),
+                    &if install == MeshInstall::Harness {
+                        Vec::new()
+                    } else {
+                        vec![(node.run_dir(), node::NODE_AGENT_RUN_DIR.to_owned())]
+                    },
+                )?,
                 api_addr: apiserver_proc::api_addr(),
             };
             cluster.kubelets.push(Kubelet::start(cluster.api(), info)?);

@@ -10,9 +10,10 @@
 //! `sh` program builds the root, then `chroot` and `setpriv` exec the command.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
+use std::sync::mpsc;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 /// One bind mount into the container.
@@ -224,23 +225,111 @@ fn in_mount_namespace(mut outer: Command, script: &str, name: &str, argv: &[Stri
     outer
 }
 
-/// `argv` in a mount namespace of its own where each of the node's directories in
-/// `binds` (host dir, node path) is seen at its node path: how a process of the
-/// node (kubelet's CNI plugins) sees the node's tree. Without binds, `argv` as is.
-pub fn node_view(mut outer: Command, binds: &[(PathBuf, String)], argv: &[String]) -> Command {
-    if binds.is_empty() {
-        outer.args(argv);
-        return outer;
+/// Starts processes of the node as kubelet's CNI plugins run: in the node's network
+/// namespace with the node's `/sys`, and in a mount namespace where each of the node's
+/// directories in `binds` (host dir, node path) is seen at its node path.
+///
+/// Namespaces belong to a thread and a child inherits its parent thread's, so one
+/// thread per node enters them once and spawns every plugin (`posix_spawn`: no fork of
+/// this large, many-threaded process, no helper process in between). What the kubelet
+/// times is then the plugin's own work, as on a real node. The thread ends once every
+/// clone of the spawner is dropped.
+#[derive(Clone, Debug)]
+pub struct NodeSpawner {
+    jobs: mpsc::Sender<(Command, mpsc::Sender<std::io::Result<Child>>)>,
+}
+
+impl NodeSpawner {
+    pub fn start(netns: &Path, binds: &[(PathBuf, String)]) -> Result<Self> {
+        let netns = std::fs::File::open(netns)
+            .with_context(|| format!("opening the node's netns {}", netns.display()))?;
+        let binds = binds.to_vec();
+        let (jobs, queue) = mpsc::channel::<(Command, mpsc::Sender<_>)>();
+        let (ready, entered) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("node-spawner".into())
+            .spawn(move || {
+                let setup = enter_node(&netns, &binds);
+                let ok = setup.is_ok();
+                let _ = ready.send(setup);
+                if ok {
+                    for (mut cmd, reply) in queue {
+                        let _ = reply.send(cmd.spawn());
+                    }
+                }
+            })?;
+        entered
+            .recv()
+            .context("the node spawner thread died")?
+            .context("entering the node's namespaces")?;
+        Ok(NodeSpawner { jobs })
     }
-    let mut script = String::from("set -e\n");
+
+    /// `cmd` started as a process of the node.
+    pub fn spawn(&self, cmd: Command) -> Result<Child> {
+        let (reply, child) = mpsc::channel();
+        self.jobs
+            .send((cmd, reply))
+            .map_err(|_| anyhow::anyhow!("the node spawner thread is gone"))?;
+        Ok(child.recv().context("the node spawner thread is gone")??)
+    }
+}
+
+/// Moves the calling thread into the node's network namespace and a mount namespace
+/// of its own (a slave of the host's, so namespaces mounted later still show).
+fn enter_node(netns: &std::fs::File, binds: &[(PathBuf, String)]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let ok = |rc: libc::c_int| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    let null = std::ptr::null::<libc::c_char>();
+    // SAFETY: plain system calls on this thread, with valid fds and C strings.
+    unsafe {
+        // CLONE_FS: this thread's root and cwd become its own, as a mount namespace needs.
+        ok(libc::unshare(libc::CLONE_FS | libc::CLONE_NEWNS))?;
+        ok(libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET))?;
+        ok(libc::mount(
+            null,
+            c"/".as_ptr(),
+            null,
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        ))?;
+        // `/sys` shows the devices of the namespace that mounts it.
+        libc::umount2(c"/sys".as_ptr(), libc::MNT_DETACH);
+        ok(libc::mount(
+            c"sysfs".as_ptr(),
+            c"/sys".as_ptr(),
+            c"sysfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ))?;
+    }
     for (host, at) in binds {
         // The mount point is made on the host if missing (an empty directory: node
         // paths such as /var/run/istio-cni live on the host's /run tmpfs).
-        let (host, at) = (quote(&host.display().to_string()), quote(at));
-        script += &format!("mkdir -p {at}\nmount --bind {host} {at}\n");
+        std::fs::create_dir_all(at)?;
+        let c = |p: &Path| {
+            use std::os::unix::ffi::OsStrExt;
+            std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other)
+        };
+        let (host, at) = (c(host)?, c(Path::new(at))?);
+        // SAFETY: valid C strings; a bind mount takes no type or data.
+        ok(unsafe {
+            libc::mount(
+                host.as_ptr(),
+                at.as_ptr(),
+                null,
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        })?;
     }
-    script.push_str("exec \"$@\"\n");
-    in_mount_namespace(outer, &script, "node", argv)
+    Ok(())
 }
 
 fn rootfs_script(fs: &Rootfs) -> Result<String> {

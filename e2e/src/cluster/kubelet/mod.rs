@@ -19,6 +19,7 @@ mod launch;
 mod sandbox;
 mod status;
 
+use super::runtime::NodeSpawner;
 use launch::{container_command, with_api_access};
 pub use sandbox::Sandbox;
 use sandbox::{create_sandbox, teardown_sandbox, Network};
@@ -53,8 +54,8 @@ pub struct NodeInfo {
     pub root: PathBuf,
     /// Where pods' volumes and container roots are kept.
     pub pods_dir: PathBuf,
-    /// Node directories the CNI plugins see at their node paths ([`cni::Runtime`]).
-    pub plugin_binds: Vec<(PathBuf, String)>,
+    /// Starts the CNI plugins as processes of the node ([`cni::Runtime`]).
+    pub plugins: NodeSpawner,
     /// The API server, as in-cluster clients reach it (`KUBERNETES_SERVICE_*`).
     pub api_addr: std::net::SocketAddr,
 }

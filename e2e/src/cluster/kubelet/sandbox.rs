@@ -114,13 +114,12 @@ pub(super) fn pod_network(
     ))?;
     let container_id = format!("{:x}{seq:08x}", std::process::id());
     let rt = Runtime {
-        host_netns: node.host_netns.clone(),
+        node: node.plugins.clone(),
         container_id: container_id.clone(),
         netns_path: netns.path(),
         ifname: "eth0".into(),
         cni_path: node.cni_path.clone(),
         args: Runtime::k8s_args(namespace, name, uid, &container_id),
-        node_binds: node.plugin_binds.clone(),
     };
     let (result, add_timings) = match cni::add(&conf, &rt) {
         Ok(r) => r,
