@@ -18,7 +18,7 @@ use crate::drain::Drain;
 use crate::http;
 use crate::identity::caclient::CaClient;
 use crate::identity::{CertificateAuthority, CertificateSource, Identity, SecretManager};
-use crate::inpod::netns::NetnsExecutor;
+use crate::inpod::netns::NetnsSwitch;
 use crate::inpod::run_zds_client;
 use crate::inpod::statemanager::{PodProxies, PodRegistry, SharedInputs};
 use crate::metrics::Metrics;
@@ -141,13 +141,14 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
             });
         }
         ProxyMode::Shared => {
-            let executor = NetnsExecutor::start().context("starting the netns thread")?;
+            let netns_switch =
+                NetnsSwitch::new().context("opening ztunnel's own network namespace")?;
             let shared = SharedInputs {
                 state: state.clone(),
                 certs: certs.clone(),
                 metrics: metrics.clone(),
                 connections,
-                executor,
+                netns_switch,
                 root_drain: drain.clone(),
                 mark: config.packet_mark,
                 trust_domain: config.trust_domain.clone(),

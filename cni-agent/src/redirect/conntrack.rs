@@ -67,9 +67,10 @@ pub fn forget_app_dns_flows() -> io::Result<usize> {
 /// How many flows this netns tracks; none without the conntrack module.
 fn tracked_flows() -> io::Result<u64> {
     match std::fs::read_to_string(FLOW_COUNT) {
-        Ok(count) => count.trim().parse().map_err(|e| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("{FLOW_COUNT}: {e}"))
-        }),
+        Ok(count) => count
+            .trim()
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{FLOW_COUNT}: {e}"))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(e),
     }

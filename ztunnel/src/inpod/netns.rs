@@ -1,20 +1,19 @@
-//! Pod network namespaces, and the one thread that enters them.
+//! Pod network namespaces, entered for the few syscalls that create a socket.
 //!
-//! `setns` changes only the calling thread, so sockets for pods are created on a
-//! dedicated OS thread (never a tokio worker): it enters the pod's namespace,
-//! creates the socket, and returns to ztunnel's own namespace. A socket stays in the
-//! namespace it was created in, so the rest of ztunnel uses it from any thread.
+//! `setns` changes only the calling thread, and a socket stays in the namespace it
+//! was created in. So the calling thread (a tokio worker) enters the pod's
+//! namespace, creates the socket, and returns to ztunnel's own namespace before it
+//! does anything else; the rest of ztunnel then uses the socket from any thread.
+//! Done in place, as Istio's ztunnel does: a hand-off to a dedicated thread cost two
+//! cross-thread wakeups on every inbound dial and queued a burst of pod adds.
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::mpsc;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use nix::sched::{setns, CloneFlags};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tracing::error;
 
 use crate::socket::{self, ListenerFuture, SocketFactory, SocketFuture, UdpSocketFuture};
 
@@ -22,12 +21,16 @@ use crate::socket::{self, ListenerFuture, SocketFactory, SocketFuture, UdpSocket
 /// `/var/run/netns/*` bind mounts.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 
+/// Which namespace an nsfs fd is: (device, inode).
+type NamespaceId = (u64, u64);
+
 /// A pod's network namespace, held open by its fd.
 #[derive(Debug)]
 pub struct PodNetns {
     fd: OwnedFd,
     /// Inode of the namespace: equal inodes mean the same namespace.
     pub inode: u64,
+    device: u64,
 }
 
 impl PodNetns {
@@ -47,78 +50,67 @@ impl PodNetns {
                 "the fd is a namespace, but not a network namespace (type {kind:#x})"
             ));
         }
-        let stat = nix::sys::stat::fstat(&fd).map_err(|e| format!("fstat on the netns fd: {e}"))?;
-        Ok(PodNetns {
-            fd,
-            inode: stat.st_ino,
+        let (device, inode) =
+            namespace_id(fd.as_fd()).map_err(|e| format!("fstat on the netns fd: {e}"))?;
+        Ok(PodNetns { fd, inode, device })
+    }
+
+    fn id(&self) -> NamespaceId {
+        (self.device, self.inode)
+    }
+}
+
+/// Runs short, synchronous jobs inside pod namespaces on the calling thread.
+#[derive(Clone)]
+pub struct NetnsSwitch {
+    /// ztunnel's own namespace, where every thread returns after a job.
+    home: Arc<OwnedFd>,
+    home_id: NamespaceId,
+}
+
+impl NetnsSwitch {
+    /// Remembers the calling thread's namespace as ztunnel's own.
+    pub fn new() -> io::Result<Self> {
+        let home = OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net")?);
+        let home_id = namespace_id(home.as_fd())?;
+        Ok(NetnsSwitch {
+            home: Arc::new(home),
+            home_id,
         })
     }
-}
 
-type Job = Box<dyn FnOnce() + Send>;
-
-/// The thread that creates sockets inside pod namespaces.
-#[derive(Clone)]
-pub struct NetnsExecutor {
-    jobs: mpsc::Sender<(Arc<PodNetns>, Job)>,
-}
-
-impl NetnsExecutor {
-    /// Starts the thread. It remembers the namespace it started in and returns to
-    /// it after every job.
-    pub fn start() -> io::Result<Self> {
-        let home = std::fs::File::open("/proc/thread-self/ns/net")?;
-        let home_id = namespace_id(home.as_fd())?;
-        let (jobs, queue) = mpsc::channel::<(Arc<PodNetns>, Job)>();
-        std::thread::Builder::new()
-            .name("ztunnel-netns".into())
-            .spawn(move || {
-                for (netns, job) in queue {
-                    // setns needs CAP_SYS_ADMIN even into the namespace the thread is
-                    // already in: a job for ztunnel's own namespace runs without it (so
-                    // the in-pod state machine is testable without root).
-                    let at_home = namespace_id(netns.fd.as_fd()).is_ok_and(|id| id == home_id);
-                    if at_home {
-                        job();
-                        continue;
-                    }
-                    if let Err(e) = setns(netns.fd.as_fd(), CloneFlags::CLONE_NEWNET) {
-                        error!(error = %e, "entering a pod network namespace failed");
-                        drop(job); // the caller sees the dropped reply as an error
-                        continue;
-                    }
-                    job();
-                    if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
-                        // Never run another job from the wrong namespace.
-                        error!(error = %e, "returning to ztunnel's namespace failed; stopping the netns thread");
-                        return;
-                    }
-                }
-            })?;
-        Ok(NetnsExecutor { jobs })
-    }
-
-    /// Runs `f` inside `netns` and returns its result.
-    pub async fn run<R, F>(&self, netns: &Arc<PodNetns>, f: F) -> io::Result<R>
-    where
-        R: Send + 'static,
-        F: FnOnce() -> io::Result<R> + Send + 'static,
-    {
-        let (reply, result) = oneshot::channel();
-        let job: Job = Box::new(move || {
-            let _ = reply.send(f());
-        });
-        self.jobs
-            .send((netns.clone(), job))
-            .map_err(|_| io::Error::other("the netns thread is gone"))?;
-        result
-            .await
-            .map_err(|_| io::Error::other("could not enter the pod's network namespace"))?
+    /// Runs `f` inside `netns` and returns to ztunnel's namespace. `f` must not
+    /// block: it runs on a tokio worker.
+    pub fn run<R>(&self, netns: &PodNetns, f: impl FnOnce() -> io::Result<R>) -> io::Result<R> {
+        // setns needs CAP_SYS_ADMIN even into the namespace the thread is already in:
+        // a job for ztunnel's own namespace runs without it (so the in-pod state
+        // machine is testable without root).
+        if netns.id() == self.home_id {
+            return f();
+        }
+        setns(netns.fd.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|e| io::Error::other(format!("entering the pod's network namespace: {e}")))?;
+        let _home = ReturnHome(self.home.as_fd());
+        f()
     }
 }
 
-/// Which namespace an nsfs fd is: (device, inode), read from the fd itself.
-fn namespace_id(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+/// Takes the thread back to ztunnel's namespace when dropped, also if the job
+/// panicked.
+struct ReturnHome<'a>(BorrowedFd<'a>);
+
+impl Drop for ReturnHome<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = setns(self.0, CloneFlags::CLONE_NEWNET) {
+            // A worker left in a pod's namespace would create every later socket
+            // there: no way to go on safely.
+            tracing::error!(error = %e, "returning to ztunnel's network namespace failed; aborting");
+            std::process::abort();
+        }
+    }
+}
+
+fn namespace_id(fd: BorrowedFd<'_>) -> io::Result<NamespaceId> {
     let stat = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
     Ok((stat.st_dev, stat.st_ino))
 }
@@ -126,48 +118,38 @@ fn namespace_id(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<(u64, u64)> {
 /// Creates sockets inside one pod's namespace.
 pub struct PodSocketFactory {
     pub netns: Arc<PodNetns>,
-    pub executor: NetnsExecutor,
+    pub switch: NetnsSwitch,
     pub mark: u32,
 }
 
 impl SocketFactory for PodSocketFactory {
     fn tcp_socket(&self, family_of: SocketAddr) -> SocketFuture<'_> {
-        let mark = self.mark;
-        Box::pin(async move {
-            let socket = self
-                .executor
-                .run(&self.netns, move || socket::marked_socket(family_of, mark))
-                .await?;
-            socket::into_tokio_socket(socket)
-        })
+        let socket = self
+            .switch
+            .run(&self.netns, || socket::marked_socket(family_of, self.mark));
+        Box::pin(std::future::ready(
+            socket.and_then(socket::into_tokio_socket),
+        ))
     }
 
     fn udp_socket(&self, addr: SocketAddr) -> UdpSocketFuture<'_> {
-        let mark = self.mark;
-        Box::pin(async move {
-            let socket = self
-                .executor
-                .run(&self.netns, move || socket::udp_socket(addr, mark))
-                .await?;
-            socket::into_tokio_udp(socket)
-        })
+        let socket = self
+            .switch
+            .run(&self.netns, || socket::udp_socket(addr, self.mark));
+        Box::pin(std::future::ready(socket.and_then(socket::into_tokio_udp)))
     }
 
     fn tcp_listener(&self, addr: SocketAddr, transparent: bool) -> ListenerFuture<'_> {
-        Box::pin(self.listen(addr, transparent))
+        Box::pin(std::future::ready(self.listen(addr, transparent)))
     }
 }
 
 impl PodSocketFactory {
     /// Binds a marked listener inside the pod's namespace.
-    pub async fn listen(&self, addr: SocketAddr, transparent: bool) -> io::Result<TcpListener> {
-        let mark = self.mark;
-        let socket = self
-            .executor
-            .run(&self.netns, move || {
-                socket::listen_socket(addr, mark, transparent)
-            })
-            .await?;
+    pub fn listen(&self, addr: SocketAddr, transparent: bool) -> io::Result<TcpListener> {
+        let socket = self.switch.run(&self.netns, || {
+            socket::listen_socket(addr, self.mark, transparent)
+        })?;
         socket.set_nonblocking(true)?;
         TcpListener::from_std(socket.into())
     }

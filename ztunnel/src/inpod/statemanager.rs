@@ -11,7 +11,7 @@ use shared_types::zds::WorkloadInfo;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::netns::{NetnsExecutor, PodNetns, PodSocketFactory};
+use super::netns::{NetnsSwitch, PodNetns, PodSocketFactory};
 use crate::dns::DnsProxy;
 use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
@@ -30,7 +30,7 @@ pub struct SharedInputs {
     pub certs: SecretManager,
     pub metrics: Arc<Metrics>,
     pub connections: Arc<ConnectionManager>,
-    pub executor: NetnsExecutor,
+    pub netns_switch: NetnsSwitch,
     pub root_drain: Drain,
     pub mark: u32,
     pub trust_domain: String,
@@ -205,7 +205,7 @@ impl PodProxies {
         let netns = Arc::new(netns);
         let factory = PodSocketFactory {
             netns: netns.clone(),
-            executor: self.inputs.executor.clone(),
+            switch: self.inputs.netns_switch.clone(),
             mark: self.inputs.mark,
         };
         let listeners = Listeners::bind(&factory, self.inputs.listen)

@@ -1,6 +1,6 @@
 //! `PodProxies`' add / keep / del / snapshot transitions, without root: every "pod"
 //! is served in the test's own network namespace (`/proc/self/ns/net`, which any user
-//! may open and the netns thread need not enter), on ephemeral loopback ports, with
+//! may open and the netns switch need not enter), on ephemeral loopback ports, with
 //! unmarked sockets.
 
 use std::fs::File;
@@ -33,7 +33,7 @@ fn pod_proxies() -> PodProxies {
         certs: certs(),
         metrics: Arc::new(Metrics::new()),
         connections: ConnectionManager::new(),
-        executor: NetnsExecutor::start().unwrap(),
+        netns_switch: NetnsSwitch::new().unwrap(),
         root_drain: Drain::new(),
         mark: 0,
         trust_domain: "cluster.local".into(),
