@@ -100,7 +100,10 @@ pub fn admit(
         limits,
     ) {
         Ok(r) if r.status == 200 => {
-            log.info("node agent admitted the pod");
+            // Debug: the agent logs the same ADD at info ("CNI ADD served", with its
+            // timings), and an info line here would cost every pod start a second
+            // connection to the agent, for the log batch.
+            log.debug("node agent admitted the pod");
             Ok(())
         }
         Ok(r) => Err(gate.refused(r.status, &r.body, r.truncated)),

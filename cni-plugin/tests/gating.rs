@@ -312,6 +312,27 @@ fn log_lines_are_teed_to_the_agent() {
 }
 
 #[test]
+fn an_admitted_pod_sends_no_log_batch_at_the_default_level() {
+    let dir = common::run_dir();
+    let agent = FakeServer::start(
+        &dir.path().join(PLUGIN_EVENT_SOCKET),
+        Reply::Status(200, ""),
+    );
+    let sink = FakeServer::start(&dir.path().join(PLUGIN_LOG_SOCKET), Reply::Status(200, ""));
+    run_plugin(
+        "ADD",
+        &netconf(dir.path(), json!({})),
+        &pod_args("shop", "web-0"),
+    )
+    .success();
+    assert_eq!(agent.requests().len(), 1, "the pod was gated");
+    assert!(
+        sink.requests().is_empty(),
+        "nothing at info or above to send, so no second connection to the agent"
+    );
+}
+
+#[test]
 fn a_slow_log_sink_delays_the_plugin_only_briefly() {
     let dir = common::run_dir();
     let _sink = FakeServer::start(&dir.path().join(PLUGIN_LOG_SOCKET), Reply::Silent);
