@@ -422,7 +422,7 @@ fn ping(a: &Netns, port: u16, count: u64, interval_ms: u64) -> Result<serde_json
 }
 
 /// `e2e-app ping` from A to `server` (IPv6 in brackets).
-fn ping_to(
+pub(crate) fn ping_to(
     a: &Netns,
     server: &str,
     port: u16,
@@ -444,12 +444,22 @@ fn ping_to(
 }
 
 fn churn(a: &Netns, port: u16, count: u64) -> Result<serde_json::Value> {
+    churn_to(a, SERVER_IP, port, count)
+}
+
+/// `e2e-app churn` from `ns`: `count` new connections, one 64-byte exchange each.
+pub(crate) fn churn_to(
+    ns: &Netns,
+    server: &str,
+    port: u16,
+    count: u64,
+) -> Result<serde_json::Value> {
     app(
-        a,
+        ns,
         &[
             "churn",
             "--connect",
-            &format!("{SERVER_IP}:{port}"),
+            &format!("{server}:{port}"),
             "--count",
             &count.to_string(),
         ],
