@@ -12,7 +12,7 @@ need_root() {
 
 # python3: the workload tests serve HTTP probes with its http.server; util-linux: unshare,
 # setpriv and mount for the kubelet stand-in's containers.
-packages=(iptables nftables iproute2 ipset iperf3 containernetworking-plugins procps dnsutils python3 util-linux mount)
+packages=(iptables nftables iproute2 ipset iperf3 valgrind containernetworking-plugins procps dnsutils python3 util-linux mount)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -76,14 +76,24 @@ pub fn start_shared_ztunnel(
 }
 
 /// ztunnel in `ns` with no control plane, the CA and local config given, plus `env`;
-/// returns once it reports ready.
+/// returns once it reports ready. With `ZTUNNEL_TEST_WRAPPER` set (a command line,
+/// split at whitespace, e.g. `valgrind --tool=callgrind`), ztunnel runs under it.
 fn start_ztunnel(
     ns: &Netns,
     ca_dir: &Path,
     local_config: &Path,
     env: &[(&str, &str)],
 ) -> Result<ChildGuard> {
-    let mut cmd = ns.command(binary("ztunnel")?.to_str().context("path")?);
+    let ztunnel = binary("ztunnel")?;
+    let wrapper = std::env::var("ZTUNNEL_TEST_WRAPPER").unwrap_or_default();
+    let mut cmd = match wrapper.split_whitespace().collect::<Vec<_>>().split_first() {
+        Some((program, args)) => {
+            let mut cmd = ns.command(program);
+            cmd.args(args).arg(&ztunnel);
+            cmd
+        }
+        None => ns.command(ztunnel.to_str().context("path")?),
+    };
     cmd.env("XDS_ADDRESS", "")
         .env("CA_CERTS_DIR", ca_dir)
         .env("LOCAL_XDS_PATH", local_config)

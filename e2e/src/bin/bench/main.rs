@@ -3,6 +3,7 @@
 //! raw numbers beside it. It measures; it never fails on a number.
 
 mod ca;
+mod callgrind;
 mod cni;
 mod dns;
 mod enrollment;
@@ -30,8 +31,8 @@ struct Args {
     /// Where every raw sample goes.
     #[arg(long, default_value = "bench/results.json")]
     out: PathBuf,
-    /// Run only these sections (comma-separated or repeated; default: all). Only
-    /// `ca` and `xds` run without root.
+    /// Run only these sections (comma-separated or repeated; default: all but
+    /// `callgrind`). Only `ca` and `xds` run without root.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
 }
@@ -53,11 +54,19 @@ enum Section {
     Ca,
     /// istiod-lite's delta xDS: a large mesh, hundreds of ztunnel streams.
     Xds,
+    /// Instructions per byte through one HBONE hop, both ztunnels under callgrind
+    /// (needs valgrind; only when asked for).
+    Callgrind,
 }
 
 impl Section {
     fn needs_root(self) -> bool {
         !matches!(self, Section::Ca | Section::Xds)
+    }
+
+    /// Whether a run without `--only` includes it.
+    fn by_default(self) -> bool {
+        self != Section::Callgrind
     }
 
     fn run(self, plan: &Plan) -> Result<Vec<Figure>> {
@@ -69,6 +78,7 @@ impl Section {
             Section::Enrollment => enrollment::run(plan),
             Section::Ca => ca::run(plan),
             Section::Xds => xds::run(plan),
+            Section::Callgrind => callgrind::run(plan),
         }
     }
 }
@@ -98,6 +108,7 @@ pub struct Plan {
     xds_changes: usize,
     /// ztunnel clients of the two replicas in the failover figure.
     xds_failover_clients: usize,
+    callgrind_mib: u64,
 }
 
 fn main() -> Result<()> {
@@ -105,7 +116,13 @@ fn main() -> Result<()> {
     let sections: Vec<Section> = Section::value_variants()
         .iter()
         .copied()
-        .filter(|s| args.only.is_empty() || args.only.contains(s))
+        .filter(|s| {
+            if args.only.is_empty() {
+                s.by_default()
+            } else {
+                args.only.contains(s)
+            }
+        })
         .collect();
     if sections.iter().any(|s| s.needs_root()) && !e2e::can_run_root_tests() {
         bail!("the benchmark builds network namespaces: run it as root");
@@ -132,6 +149,7 @@ fn main() -> Result<()> {
             xds_clients: 50,
             xds_changes: 3,
             xds_failover_clients: 20,
+            callgrind_mib: 8,
         }
     } else {
         Plan {
@@ -155,6 +173,7 @@ fn main() -> Result<()> {
             xds_clients: 500,
             xds_changes: 20,
             xds_failover_clients: 50,
+            callgrind_mib: 64,
         }
     };
     // Both nodes' ztunnels share this machine's two cores; in a cluster each would
