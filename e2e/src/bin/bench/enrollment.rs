@@ -47,12 +47,14 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
     cluster.create_namespace("bench-cni", &[("istio.io/dataplane-mode", "ambient")])?;
     // One at a time: the figure is a pod's own ADD, not a queue behind others.
     let mut gated_ms = Vec::new();
+    let mut gated_by_pod = HashMap::new();
     for i in 0..plan.pods {
-        cluster.create_pod("bench-cni", &format!("p{i}"), 1, "default", &[], &argv)?;
-        let pod =
-            cluster.wait_pod_running("bench-cni", &format!("p{i}"), Duration::from_secs(120))?;
+        let name = format!("p{i}");
+        cluster.create_pod("bench-cni", &name, 1, "default", &[], &argv)?;
+        let pod = cluster.wait_pod_running("bench-cni", &name, Duration::from_secs(120))?;
         if let Some((_, ms)) = pod.cni_add_ms.iter().find(|(kind, _)| kind == "istio-cni") {
             gated_ms.push(*ms);
+            gated_by_pod.insert(format!("bench-cni/{name}"), *ms);
         }
     }
 
@@ -89,10 +91,18 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
     let enrolled = 2 * plan.pods;
     let (agent_busy, ztunnel_busy) = (rss_kib(pid(&node.agent)), rss_kib(pid(&node.ztunnel)));
 
-    let steps = step_times(
-        &node.agent.as_ref().map(|a| a.log()).unwrap_or_default(),
-        "bench-cni/",
-    );
+    let agent_log = node.agent.as_ref().map(|a| a.log()).unwrap_or_default();
+    let lines = timed_lines(&agent_log, "bench-cni/");
+    let steps = step_times(&lines);
+    // Per pod, the gated ADD less the agent's part: the plugin's exec, its request over
+    // the agent's socket, and the kubelet reading the result.
+    let outside: Vec<f64> = lines
+        .iter()
+        .filter_map(|fields| {
+            let served = fields.get("served_us")?.parse::<f64>().ok()? / 1000.0;
+            Some(gated_by_pod.get(fields.get("pod")?.as_str())? - served)
+        })
+        .collect();
     let pct = |p| percentile(&gated_ms, p);
     let per_pod = |busy: u64, idle: u64| (busy.saturating_sub(idle)) as f64 / enrolled as f64;
     let mut figures = vec![
@@ -116,6 +126,14 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
         let mut p99 = single(&name("p99"), "ms", percentile(&samples, 0.99), "");
         p99.samples_mesh = samples;
         figures.push(p99);
+    }
+    for (q, p) in [("p50", 0.5), ("p99", 0.99)] {
+        figures.push(single(
+            &format!("{mode}: outside the agent {q} (plugin exec, its request, the result)"),
+            "ms",
+            percentile(&outside, p),
+            "",
+        ));
     }
     figures.extend([
         single(
@@ -150,25 +168,29 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
     Ok(figures)
 }
 
-/// Each step's durations (ms) over the agent's log lines of pods whose key starts with
-/// `prefix`.
-fn step_times(log: &str, prefix: &str) -> HashMap<&'static str, Vec<f64>> {
-    let mut times: HashMap<&'static str, Vec<f64>> = HashMap::new();
-    for line in log
-        .lines()
+/// The `key=value` fields of the agent's timed log lines ("CNI ADD served", "pod
+/// enrolled in ambient") about pods whose key starts with `prefix`.
+fn timed_lines(log: &str, prefix: &str) -> Vec<HashMap<String, String>> {
+    log.lines()
         .filter(|l| l.contains("pod enrolled in ambient") || l.contains("CNI ADD served"))
-    {
-        let line = strip_ansi(line);
-        let fields: HashMap<&str, &str> = line
-            .split_whitespace()
-            .filter_map(|token| token.split_once('='))
-            .collect();
-        if !fields.get("pod").is_some_and(|p| p.starts_with(prefix)) {
-            continue;
-        }
+        .map(|line| {
+            strip_ansi(line)
+                .split_whitespace()
+                .filter_map(|token| token.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect::<HashMap<_, _>>()
+        })
+        .filter(|fields| fields.get("pod").is_some_and(|p| p.starts_with(prefix)))
+        .collect()
+}
+
+/// Each step's durations (ms) over the agent's timed lines.
+fn step_times(lines: &[HashMap<String, String>]) -> HashMap<&'static str, Vec<f64>> {
+    let mut times: HashMap<&'static str, Vec<f64>> = HashMap::new();
+    for fields in lines {
         for step in STEPS {
             if let Some(us) = fields
-                .get(format!("{step}_us").as_str())
+                .get(&format!("{step}_us"))
                 .and_then(|v| v.parse::<f64>().ok())
             {
                 times.entry(step).or_default().push(us / 1000.0);

@@ -503,9 +503,11 @@ fn hold(topology: &Standalone, count: u64) -> Result<(usize, u64)> {
         "HBONE connections to settle",
         Duration::from_secs(5),
         || {
+            // To this destination only: the IPv6 section's connection idles in the pool.
+            let filter = format!("( dst {SERVER_IP} and dport = :15008 )");
             let out = topology
                 .a
-                .stdout(&["ss", "-Htn", "state", "established", "( dport = :15008 )"])
+                .stdout(&["ss", "-Htn", "state", "established", &filter])
                 .ok()?;
             Some(out.lines().filter(|l| !l.trim().is_empty()).count())
         },
