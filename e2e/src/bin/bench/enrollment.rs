@@ -21,6 +21,9 @@ use crate::Plan;
 const STEPS: [&str; 7] = [
     "lookup", "verify", "rules", "probe", "zds", "annotate", "served",
 ];
+/// ztunnel's side of the `zds` step, as it logs it ("serving pod"): the pod's
+/// certificate, its listeners, its DNS proxy.
+const ZTUNNEL_STEPS: [&str; 3] = ["cert", "listen", "dns"];
 
 pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     let mut figures = run_mode(plan, "iptables")?;
@@ -91,9 +94,22 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
     let enrolled = 2 * plan.pods;
     let (agent_busy, ztunnel_busy) = (rss_kib(pid(&node.agent)), rss_kib(pid(&node.ztunnel)));
 
-    let agent_log = node.agent.as_ref().map(|a| a.log()).unwrap_or_default();
-    let lines = timed_lines(&agent_log, "bench-cni/");
-    let steps = step_times(&lines);
+    let log_of =
+        |p: &Option<e2e::process::ChildGuard>| p.as_ref().map(|c| c.log()).unwrap_or_default();
+    let lines = log_fields(
+        &log_of(&node.agent),
+        &["pod enrolled in ambient", "CNI ADD served"],
+        ("pod", "bench-cni/"),
+    );
+    let steps = step_times(&lines, &STEPS);
+    let ztunnel_steps = step_times(
+        &log_fields(
+            &log_of(&node.ztunnel),
+            &["serving pod"],
+            ("identity", "spiffe://cluster.local/ns/bench-cni/"),
+        ),
+        &ZTUNNEL_STEPS,
+    );
     // Per pod, the gated ADD less the agent's part: the plugin's exec, its request over
     // the agent's socket, and the kubelet reading the result.
     let outside: Vec<f64> = lines
@@ -119,13 +135,23 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
             "≤ 10 ms",
         ),
     ];
-    for step in STEPS {
-        let samples = steps.get(step).cloned().unwrap_or_default();
-        let name = |q| format!("{mode}: agent step {step} {q} (of the gated ADD)");
-        figures.push(single(&name("p50"), "ms", percentile(&samples, 0.5), ""));
-        let mut p99 = single(&name("p99"), "ms", percentile(&samples, 0.99), "");
-        p99.samples_mesh = samples;
-        figures.push(p99);
+    let step_rows = [
+        ("agent step", &STEPS[..], &steps),
+        (
+            "ztunnel's ZDS add, step",
+            &ZTUNNEL_STEPS[..],
+            &ztunnel_steps,
+        ),
+    ];
+    for (whose, names, times) in step_rows {
+        for step in names {
+            let samples = times.get(step).cloned().unwrap_or_default();
+            let name = |q| format!("{mode}: {whose} {step} {q} (of the gated ADD)");
+            figures.push(single(&name("p50"), "ms", percentile(&samples, 0.5), ""));
+            let mut p99 = single(&name("p99"), "ms", percentile(&samples, 0.99), "");
+            p99.samples_mesh = samples;
+            figures.push(p99);
+        }
     }
     for (q, p) in [("p50", 0.5), ("p99", 0.99)] {
         figures.push(single(
@@ -168,11 +194,15 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
     Ok(figures)
 }
 
-/// The `key=value` fields of the agent's timed log lines ("CNI ADD served", "pod
-/// enrolled in ambient") about pods whose key starts with `prefix`.
-fn timed_lines(log: &str, prefix: &str) -> Vec<HashMap<String, String>> {
+/// The `key=value` fields of the log lines that carry one of `messages` and whose
+/// field `key` starts with `prefix`.
+fn log_fields(
+    log: &str,
+    messages: &[&str],
+    (key, prefix): (&str, &str),
+) -> Vec<HashMap<String, String>> {
     log.lines()
-        .filter(|l| l.contains("pod enrolled in ambient") || l.contains("CNI ADD served"))
+        .filter(|l| messages.iter().any(|m| l.contains(m)))
         .map(|line| {
             strip_ansi(line)
                 .split_whitespace()
@@ -180,15 +210,18 @@ fn timed_lines(log: &str, prefix: &str) -> Vec<HashMap<String, String>> {
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect::<HashMap<_, _>>()
         })
-        .filter(|fields| fields.get("pod").is_some_and(|p| p.starts_with(prefix)))
+        .filter(|fields| fields.get(key).is_some_and(|v| v.starts_with(prefix)))
         .collect()
 }
 
-/// Each step's durations (ms) over the agent's timed lines.
-fn step_times(lines: &[HashMap<String, String>]) -> HashMap<&'static str, Vec<f64>> {
+/// Each step's durations (ms), from the lines' `<step>_us` fields.
+fn step_times(
+    lines: &[HashMap<String, String>],
+    steps: &[&'static str],
+) -> HashMap<&'static str, Vec<f64>> {
     let mut times: HashMap<&'static str, Vec<f64>> = HashMap::new();
     for fields in lines {
-        for step in STEPS {
+        for step in steps {
             if let Some(us) = fields
                 .get(&format!("{step}_us"))
                 .and_then(|v| v.parse::<f64>().ok())
