@@ -91,17 +91,23 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
 }
 
 fn callgrind_control(flag: &str, pid: u32) -> Result<()> {
-    let out = Command::new("callgrind_control")
-        .args([flag, &pid.to_string()])
+    valgrind_tool("callgrind_control", &[flag, &pid.to_string()]).map(drop)
+}
+
+/// Runs one of valgrind's scripts; its stdout.
+fn valgrind_tool(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
         .output()
-        .context("running callgrind_control")?;
+        .with_context(|| format!("running {program}"))?;
     if !out.status.success() {
         bail!(
-            "callgrind_control {flag} {pid}: {}",
+            "{program} {}: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The newest dump of `pid` (`callgrind.out.<pid>.<n>`, highest `n`).
@@ -141,18 +147,12 @@ fn totals(dump: &str) -> Option<u64> {
 /// zeroed (main, the worker's `block_on`) come out carrying the whole total: left
 /// out.
 fn annotate(dump: &Path, total: u64) -> Result<Vec<(String, u64)>> {
-    let out = Command::new("callgrind_annotate")
-        .args(["--inclusive=no", "--threshold=100", "--auto=no"])
-        .arg(dump)
-        .output()
-        .context("running callgrind_annotate")?;
-    if !out.status.success() {
-        bail!(
-            "callgrind_annotate: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let mut rows = parse_annotate(&String::from_utf8_lossy(&out.stdout));
+    let dump = dump.to_str().context("dump path")?;
+    let text = valgrind_tool(
+        "callgrind_annotate",
+        &["--inclusive=no", "--threshold=100", "--auto=no", dump],
+    )?;
+    let mut rows = parse_annotate(&text);
     rows.retain(|(_, ir)| (*ir as f64) < 0.99 * total as f64);
     Ok(rows)
 }
