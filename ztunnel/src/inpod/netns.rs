@@ -154,3 +154,49 @@ impl PodSocketFactory {
         TcpListener::from_std(socket.into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new network namespace, held open by its fd (made by a thread that ends).
+    fn new_netns() -> OwnedFd {
+        std::thread::spawn(|| {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare a netns");
+            OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net").expect("open"))
+        })
+        .join()
+        .expect("the unsharing thread")
+    }
+
+    fn current_netns() -> NamespaceId {
+        let fd = std::fs::File::open("/proc/thread-self/ns/net").expect("open");
+        namespace_id(fd.as_fd()).expect("fstat")
+    }
+
+    #[test]
+    fn a_job_runs_in_the_pod_netns_and_its_thread_returns_even_if_it_panics() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(std::env::var_os("CI").is_none(), "CI: this test needs root");
+            return;
+        }
+        let switch = NetnsSwitch::new().unwrap();
+        let pod = PodNetns::new(new_netns()).unwrap();
+        assert_ne!(pod.id(), switch.home_id);
+
+        let inside = switch.run(&pod, || Ok(current_netns())).unwrap();
+        assert_eq!(inside, pod.id(), "the job ran in the pod's netns");
+        assert_eq!(current_netns(), switch.home_id);
+
+        let job = std::panic::AssertUnwindSafe(|| {
+            switch.run(&pod, || -> io::Result<()> { panic!("a job that fails") })
+        });
+        assert!(std::panic::catch_unwind(job).is_err());
+        assert_eq!(
+            current_netns(),
+            switch.home_id,
+            "the thread stayed in the pod's netns after the panic"
+        );
+    }
+}
