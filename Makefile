@@ -35,22 +35,22 @@ fuzz:
 
 # The local demo mesh (needs root).
 demo: setup build
-	$(CARGO) run -q -p e2e --bin demo
+	$(CARGO) run -q -p local-cluster --bin demo
 
 # The same cluster left running until Ctrl-C, with kubectl/istioctl-lite instructions.
 demo-up: setup build
-	$(CARGO) run -q -p e2e --bin demo -- --up
+	$(CARGO) run -q -p local-cluster --bin demo -- --up
 
 # The same on a dual-stack cluster: pods and Services with IPv4 and IPv6 addresses.
 demo-dual-stack: setup build
-	$(CARGO) run -q -p e2e --bin demo -- --dual-stack
+	$(CARGO) run -q -p local-cluster --bin demo -- --dual-stack
 
 # Mesh against direct, side by side (needs root). bench-quick is the short run CI uses.
 bench: setup build-release
-	$(CARGO) run -q --release -p e2e --bin bench
+	$(CARGO) run -q --release -p bench --bin bench
 
 bench-quick: setup build-release
-	$(CARGO) run -q --release -p e2e --bin bench -- --quick
+	$(CARGO) run -q --release -p bench --bin bench -- --quick
 
 clean:
 	$(CARGO) clean

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{eventually, exchange, Node};
-use e2e::process::ChildGuard;
+use test_support::process::ChildGuard;
 use shared_types::cni::AmbientEnablementState;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,5 +1,5 @@
 //! The enrollment engine against forged or confused input (root only): a local API
-//! server, pods as namespaces (`e2e::pods`), and a fake ztunnel on our ZDS socket that
+//! server, pods as namespaces (`test_support::topology`), and a fake ztunnel on our ZDS socket that
 //! acks everything, so anything that got past the agent's checks would be enrolled.
 //!
 //! - CNI ADDs that name a pod of another node, carry a wrong UID, point at a netns
@@ -27,8 +27,8 @@ use cni_agent::redirect::{Backend, Mode, Redirector};
 use cni_agent::uds::{self, event::CmdAddHandler};
 use cni_agent::zds::ZdsServer;
 use common::{access, capture_subscriber, exchange, Answer};
-use e2e::pods::{Node, Pod};
-use e2e::process::ChildGuard;
+use test_support::topology::{Node, Pod};
+use test_support::process::ChildGuard;
 use k8s_openapi::api::core::v1::{Namespace, Pod as KPod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use prost::Message;
@@ -244,11 +244,11 @@ async fn post(sock: &Path, event: &CniPluginAddEvent) -> Answer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forged_adds_are_refused_before_any_rule_and_locks_are_pruned() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let api = e2e::apiserver::ApiServer::bind("127.0.0.1:0", None)
+    let api = kube_apiserver_lite::ApiServer::bind("127.0.0.1:0", None)
         .await
         .unwrap();
     let control = api.spawn();
@@ -409,11 +409,11 @@ async fn forged_adds_are_refused_before_any_rule_and_locks_are_pruned() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn netns_is_held_by_fd_across_pid_reuse() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let api = e2e::apiserver::ApiServer::bind("127.0.0.1:0", None)
+    let api = kube_apiserver_lite::ApiServer::bind("127.0.0.1:0", None)
         .await
         .unwrap();
     let control = api.spawn();

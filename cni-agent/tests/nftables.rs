@@ -16,7 +16,7 @@ use cni_agent::redirect::rules::{InpodRules, IpFamily};
 use cni_agent::redirect::{
     check_inpod, disable_inpod, enable_inpod, restore_inpod, CheckResult, Mode, NetnsHandle,
 };
-use e2e::netns::Netns;
+use test_support::netns::Netns;
 use serde_json::Value;
 
 const NFTABLES: Mode = Mode::Nftables {
@@ -159,7 +159,7 @@ fn dns_variant_is_istios_golden_transaction() {
 
 #[test]
 fn netlink_and_nft_text_read_back_as_the_same_golden_state() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     for (name, rules) in variants() {
@@ -196,7 +196,7 @@ fn netlink_and_nft_text_read_back_as_the_same_golden_state() {
 
 #[test]
 fn drift_is_detected_and_repaired() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let ns = Netns::new("nfd").unwrap();
@@ -244,7 +244,7 @@ fn drift_is_detected_and_repaired() {
 
 #[test]
 fn removal_leaves_nothing_of_ours_and_everything_else() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let ns = Netns::new("nfr").unwrap();
@@ -274,7 +274,7 @@ fn removal_leaves_nothing_of_ours_and_everything_else() {
 
 #[test]
 fn a_pod_converts_in_place_between_iptables_and_nftables() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let ns = Netns::new("nfc").unwrap();
@@ -314,7 +314,7 @@ fn a_pod_converts_in_place_between_iptables_and_nftables() {
 
 #[test]
 fn host_probe_sets_keep_members_with_their_pod_uids() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let ns = Netns::new("nfh").unwrap();
@@ -361,7 +361,7 @@ fn host_probe_sets_keep_members_with_their_pod_uids() {
 
 #[test]
 fn a_refused_batch_names_the_message_and_changes_nothing() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     use cni_agent::redirect::nft::session::Session;

@@ -93,7 +93,7 @@ fn http_post(path: &Path, uri: &str, body: &[u8]) -> std::io::Result<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_root_peer_is_refused_on_both_plugin_sockets() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -189,7 +189,7 @@ async fn non_root_peer_is_refused_on_both_plugin_sockets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configured_uid_is_admitted_and_owns_the_sockets() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     use std::os::unix::fs::MetadataExt;
@@ -263,7 +263,7 @@ fn zds_gate(metrics: &Metrics) -> PeerGate {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_root_peer_gets_no_netns_on_zds() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

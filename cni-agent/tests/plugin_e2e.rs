@@ -21,10 +21,10 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 fn plugin_binary() -> Option<PathBuf> {
-    let path = e2e::workspace_binary("istio-cni");
+    let path = test_support::workspace_binary("istio-cni");
     let built = path.is_file();
     let what = format!("{} not built (cargo build --bins)", path.display());
-    e2e::prerequisite(built, &what).then_some(path)
+    test_support::prerequisite(built, &what).then_some(path)
 }
 
 /// Installs into `node` with the plugin pointed at `run_dir`, and returns the netconf

@@ -3,7 +3,7 @@
 //! Golden files in `testdata/redirect/` are both the `iptables-restore` input for a
 //! fresh netns and what `iptables-save` prints back for our chains.
 //! `UPDATE_GOLDEN=1 cargo test -p cni-agent --test redirect` rewrites them (review
-//! the diff). Root-only tests build their own namespaces (`e2e::netns`) and skip with
+//! the diff). Root-only tests build their own namespaces (`test_support::netns`) and skip with
 //! a message when not root; nothing is created in the root namespace.
 
 mod common;
@@ -16,8 +16,8 @@ use cni_agent::redirect::{
     check_inpod, disable_inpod, enable_fresh_inpod, enable_inpod, CheckResult, MatchedBy, Mode,
     NetnsHandle, ProbeSnat, ProcScan, Redirector,
 };
-use e2e::netns::Netns;
-use e2e::pods::Node;
+use test_support::netns::Netns;
+use test_support::topology::Node;
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -117,7 +117,7 @@ fn rendered_rule_sets_match_golden_files() {
 
 #[test]
 fn applied_rules_read_back_as_the_golden_files_on_both_backends() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     for backend in BACKENDS {
@@ -151,7 +151,7 @@ fn applied_rules_read_back_as_the_golden_files_on_both_backends() {
 
 #[test]
 fn check_reports_missing_partial_and_foreign() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let node = Node::new("rc", 202).unwrap();
@@ -220,7 +220,7 @@ fn check_reports_missing_partial_and_foreign() {
 
 #[test]
 fn repair_fixes_drift_in_one_transaction_with_exactly_one_jump() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     for backend in BACKENDS {
@@ -288,7 +288,7 @@ fn repair_fixes_drift_in_one_transaction_with_exactly_one_jump() {
 
 #[test]
 fn remove_deletes_only_our_jumps_and_chains() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     for backend in BACKENDS {
@@ -323,7 +323,7 @@ fn remove_deletes_only_our_jumps_and_chains() {
 
 #[test]
 fn fresh_enable_on_a_programmed_netns_converges_without_doubling() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     for backend in BACKENDS {
@@ -359,7 +359,7 @@ fn fresh_enable_on_a_programmed_netns_converges_without_doubling() {
 
 #[test]
 fn policy_routing_is_added_idempotently_and_removed() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let node = Node::new("rn", 203).unwrap();
@@ -394,7 +394,7 @@ fn policy_routing_is_added_idempotently_and_removed() {
 
 #[tokio::test]
 async fn redirector_programs_a_pod_from_async_code() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let node = Node::new("ra", 204).unwrap();
@@ -420,15 +420,15 @@ async fn redirector_programs_a_pod_from_async_code() {
 }
 
 /// Starts `sleep` inside `ns` and waits until it has entered the netns.
-fn sleeper(ns: &Netns, name: &str) -> e2e::process::ChildGuard {
+fn sleeper(ns: &Netns, name: &str) -> test_support::process::ChildGuard {
     let mut cmd = ns.command("sleep");
     cmd.arg("30");
-    let child = e2e::process::ChildGuard::spawn(name, cmd).unwrap();
+    let child = test_support::process::ChildGuard::spawn(name, cmd).unwrap();
     let want = std::fs::metadata(ns.path())
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap();
     let pid = child.pid();
-    e2e::process::wait_for("sleep inside the pod netns", Duration::from_secs(5), || {
+    test_support::poll::wait_for("sleep inside the pod netns", Duration::from_secs(5), || {
         let ino = std::fs::metadata(format!("/proc/{pid}/ns/net")).ok()?;
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
         (std::os::unix::fs::MetadataExt::ino(&ino) == want && comm.trim() == "sleep").then_some(())
@@ -439,7 +439,7 @@ fn sleeper(ns: &Netns, name: &str) -> e2e::process::ChildGuard {
 
 #[test]
 fn discover_finds_a_running_pod_by_ip_and_skips_the_host_netns() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let node = Node::new("rd", 205).unwrap();
@@ -485,7 +485,7 @@ fn discover_finds_a_running_pod_by_ip_and_skips_the_host_netns() {
 
 #[test]
 fn discover_finds_an_ipv6_only_pod_by_its_ipv6_address() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let node = Node::dual_stack("r6", 206).unwrap();
@@ -512,7 +512,7 @@ fn proc_entry(root: &Path, pid: u32, netns: &Path, cgroup: &str) {
 
 #[test]
 fn discover_matches_pod_uid_in_cgroups_and_confirms_by_ip() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let node = Node::new("rs", 206).unwrap();
@@ -569,7 +569,7 @@ fn discover_matches_pod_uid_in_cgroups_and_confirms_by_ip() {
 
 #[test]
 fn probe_snat_sets_and_rules_in_a_node_netns() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let node = Node::new("rp", 207).unwrap();
@@ -620,7 +620,7 @@ fn probe_snat_sets_and_rules_in_a_node_netns() {
 
 #[test]
 fn backend_detection_is_consistent_and_follows_the_rules_present() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let detect = |ns: &Netns| handle(ns).run(Backend::detect).unwrap();

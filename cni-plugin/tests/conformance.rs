@@ -9,7 +9,7 @@
 mod common;
 
 use common::{FakeServer, Reply, PLUGIN};
-use e2e::netns::Netns;
+use test_support::netns::Netns;
 use serde_json::{json, Value};
 use shared_types::cni::CniPluginAddEvent;
 use shared_types::constants::PLUGIN_EVENT_SOCKET;
@@ -107,11 +107,11 @@ impl Chain {
         let binary = if plugin_type == "istio-cni" {
             PathBuf::from(PLUGIN)
         } else {
-            e2e::cni_reference_plugin_dir().join(plugin_type)
+            test_support::cni_reference_plugin_dir().join(plugin_type)
         };
         let cni_path = format!(
             "{}:{}",
-            e2e::cni_reference_plugin_dir().display(),
+            test_support::cni_reference_plugin_dir().display(),
             Path::new(PLUGIN).parent().unwrap().display()
         );
         let mut child = Command::new("ip")
@@ -200,7 +200,7 @@ struct Cached {
 }
 
 fn reference_supports(version: &str) -> bool {
-    let out = Command::new(e2e::cni_reference_plugin_dir().join("bridge"))
+    let out = Command::new(test_support::cni_reference_plugin_dir().join("bridge"))
         .env_clear()
         .env("CNI_COMMAND", "VERSION")
         .stdin(Stdio::null())
@@ -223,7 +223,7 @@ fn root_links() -> String {
 }
 
 fn conformance(version: &str, tag: &str, subnet_octet: u8) {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let chain = Chain::new(version, tag, subnet_octet);
@@ -323,7 +323,7 @@ fn reference_chain_1_1_0() {
 
 #[test]
 fn version_and_errors_inside_a_node_namespace() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     // The same binary as the chain runs it: VERSION, then a bad netconf and bad CNI_ARGS.

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use e2e::charts::{install_manifests, unread_env};
-use e2e::cluster::LocalCluster;
-use e2e::process::wait_for;
+use local_cluster::charts::{install_manifests, unread_env};
+use local_cluster::cluster::LocalCluster;
+use test_support::poll::wait_for;
 use serde_json::Value;
 
 const T: Duration = Duration::from_secs(30);
@@ -25,7 +25,7 @@ const VARIANTS: &[&[&str]] = &[
 
 #[test]
 fn every_env_var_the_charts_set_is_read_by_its_binary() {
-    if !e2e::prerequisite(
+    if !test_support::prerequisite(
         istioctl_lite_charts_render(),
         "helm on PATH (scripts/install-chart-tools.sh)",
     ) {
@@ -33,7 +33,7 @@ fn every_env_var_the_charts_set_is_read_by_its_binary() {
     }
     for sets in VARIANTS {
         let objects = install_manifests(sets).unwrap();
-        let containers = e2e::charts::containers(&objects).unwrap();
+        let containers = local_cluster::charts::containers(&objects).unwrap();
         // The mesh's three workloads, each with a non-empty environment.
         for workload in [
             "DaemonSet/istio-cni-node",
@@ -64,7 +64,7 @@ fn istioctl_lite_charts_render() -> bool {
 
 #[test]
 fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let c = LocalCluster::with_mesh_from_charts("chall", INSTALL).unwrap();
@@ -157,7 +157,7 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
         .send("m", "client", &format!("{}:9000", ips[0]), 10_000)
         .unwrap();
     assert_eq!(answer["bytes"], 10_000, "{answer}");
-    let mtls = e2e::mesh::metric_sum(
+    let mtls = local_cluster::mesh::metric_sum(
         &c.ztunnel_metrics(2).unwrap(),
         "istio_tcp_received_bytes_total",
         &[
@@ -204,9 +204,9 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
             &format!("node-{node}'s new agent to restore its pods"),
             T,
             || {
-                let m = e2e::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
-                let connected = e2e::mesh::metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
-                let restored = e2e::mesh::metric_sum(&m, "istio_cni_pods_enrolled", &[]) >= 1.0;
+                let m = local_cluster::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
+                let connected = local_cluster::mesh::metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
+                let restored = local_cluster::mesh::metric_sum(&m, "istio_cni_pods_enrolled", &[]) >= 1.0;
                 (connected && restored).then_some(())
             },
         )
@@ -361,7 +361,7 @@ fn values(changed: &[&str]) -> Vec<String> {
         .collect();
     values.push(format!(
         "nativeNftables={}",
-        e2e::cluster::native_nftables()
+        local_cluster::cluster::native_nftables()
     ));
     values
 }
@@ -402,7 +402,7 @@ impl Sampler {
                         .collect();
                     let ready = on
                         .iter()
-                        .filter(|p| e2e::cluster::controllers::ready(p))
+                        .filter(|p| local_cluster::controllers::ready(p))
                         .count();
                     let entry = seen.entry(node.to_owned()).or_insert((0, usize::MAX));
                     entry.0 = entry.0.max(on.len());

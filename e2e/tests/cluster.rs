@@ -8,9 +8,9 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use e2e::cluster::LocalCluster;
-use e2e::mesh::metric_sum;
-use e2e::process::wait_for;
+use local_cluster::cluster::LocalCluster;
+use local_cluster::mesh::metric_sum;
+use test_support::poll::wait_for;
 
 const T: Duration = Duration::from_secs(30);
 const AMBIENT: (&str, &str) = ("istio.io/dataplane-mode", "ambient");
@@ -66,7 +66,7 @@ fn assert_mtls(c: &LocalCluster, dst_node: u8, src: (&str, &str), dst: (&str, &s
 
 #[test]
 fn cluster_comes_up_with_the_plugin_installed() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -90,7 +90,7 @@ fn cluster_comes_up_with_the_plugin_installed() {
 
 #[test]
 fn pods_start_through_the_cni_chain_and_talk_without_the_mesh() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -135,7 +135,7 @@ fn pods_start_through_the_cni_chain_and_talk_without_the_mesh() {
 
 #[test]
 fn deleting_a_pod_removes_its_processes_and_namespace() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -166,7 +166,7 @@ fn deleting_a_pod_removes_its_processes_and_namespace() {
 
 #[test]
 fn twenty_pods_per_node_created_at_once() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -191,7 +191,7 @@ fn twenty_pods_per_node_created_at_once() {
 
 #[test]
 fn overwritten_conflist_is_repaired_and_new_pods_get_the_plugin() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -209,7 +209,7 @@ fn overwritten_conflist_is_repaired_and_new_pods_get_the_plugin() {
 
 #[test]
 fn teardown_leaves_no_namespace_link_or_process() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -261,7 +261,7 @@ fn a_deleted_pods_forked_processes_go_too() {
     // `make demo` once left a client pod's `sleep 3600` behind, in the deleted pod's
     // (now unnamed) network namespace: the container was `sh -c`, which forks its
     // commands, and only the shell was killed.
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -277,9 +277,9 @@ fn a_deleted_pods_forked_processes_go_too() {
     )
     .unwrap();
     c.wait_pod_running("f", "sh", T).unwrap();
-    let marker = e2e::cluster::sweep::cluster_marker(&c.tag);
+    let marker = test_support::owner::cluster_marker(&c.tag);
     let sleep = || {
-        e2e::cluster::sweep::marked_processes(&marker)
+        test_support::owner::marked_processes(&marker)
             .into_iter()
             .find(|(_, cmd)| cmd == "sleep 3600")
     };
@@ -344,7 +344,7 @@ fn ambient_pod(
     c.wait_redirection("m", name, Some("enabled"), T).unwrap();
     assert_eq!(
         c.redirection_of("m", name).unwrap(),
-        e2e::cluster::expected_redirection()
+        local_cluster::cluster::expected_redirection()
     );
     for node in 1..=c.nodes.len() as u8 {
         c.wait_ztunnel_sees_hbone(node, &p.ip, T).unwrap();
@@ -370,7 +370,7 @@ fn send_ok(c: &LocalCluster, ns: &str, from: &str, target: &str, bytes: u64) -> 
 
 #[test]
 fn ambient_pods_talk_over_hbone_across_nodes_and_on_one_node() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -393,7 +393,7 @@ fn ambient_pods_talk_over_hbone_across_nodes_and_on_one_node() {
 
 #[test]
 fn a_service_vip_is_resolved_by_ztunnel() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -407,7 +407,7 @@ fn a_service_vip_is_resolved_by_ztunnel() {
         &args(&sink(9000)),
     );
     ambient_pod(&c, "client", 1, "client", &[], IDLE);
-    let svc = e2e::cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
+    let svc = local_cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
     let svc = c.api().post("/api/v1/namespaces/m/services", &svc).unwrap();
     let vip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
     let answer = send_ok(&c, "m", "client", &format!("{vip}:80"), 5_000);
@@ -427,7 +427,7 @@ fn a_service_vip_is_resolved_by_ztunnel() {
 
 #[test]
 fn an_authorization_policy_denies_one_client_and_not_the_other() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -465,7 +465,7 @@ fn an_authorization_policy_denies_one_client_and_not_the_other() {
 
 #[test]
 fn running_pods_are_enrolled_and_unenrolled_by_namespace_label() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -514,13 +514,13 @@ fn running_pods_are_enrolled_and_unenrolled_by_namespace_label() {
 }
 
 /// One connection from `m/client` to `target`: 60 pings 100 ms apart (6 s).
-fn long_ping(c: &LocalCluster, target: &str) -> e2e::process::ChildGuard {
+fn long_ping(c: &LocalCluster, target: &str) -> test_support::process::ChildGuard {
     c.spawn_ping(("m", "client"), target, 60, 100).unwrap()
 }
 
 #[test]
 fn a_long_lived_connection_survives_an_agent_restart() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -538,14 +538,14 @@ fn a_long_lived_connection_survives_an_agent_restart() {
     for node in [1u8, 2] {
         let ns = &c.node(node).ns;
         wait_for(&format!("node-{node}'s new agent to be ready"), T, || {
-            e2e::mesh::http_get(ns, "http://127.0.0.1:8000/readyz").ok()
+            local_cluster::mesh::http_get(ns, "http://127.0.0.1:8000/readyz").ok()
         })
         .unwrap();
         wait_for(
             &format!("node-{node}'s agent to restore its pod and ztunnel to reconnect"),
             T,
             || {
-                let m = e2e::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
+                let m = local_cluster::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
                 let restored = metric_sum(&m, "istio_cni_pods_enrolled", &[]) == 1.0;
                 let connected = metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
                 (restored && connected).then_some(())
@@ -553,7 +553,7 @@ fn a_long_lived_connection_survives_an_agent_restart() {
         )
         .unwrap_or_else(|e| panic!("{e}\n{}", c.node(node).logs()));
         // Restored by the startup reconcile, not enrolled anew by the pod watch.
-        let m = e2e::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").unwrap();
+        let m = local_cluster::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").unwrap();
         assert_eq!(
             metric_sum(&m, "istio_cni_enrollments_total", &[]),
             0.0,
@@ -574,7 +574,7 @@ fn a_long_lived_connection_survives_an_agent_restart() {
 
 #[test]
 fn new_connections_work_after_a_ztunnel_restart() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -594,7 +594,7 @@ fn new_connections_work_after_a_ztunnel_restart() {
 
 #[test]
 fn pods_fail_closed_while_ztunnel_is_down() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -711,7 +711,7 @@ fn pods_fail_closed_while_ztunnel_is_down() {
 
 #[test]
 fn twenty_ambient_pods_per_node_are_enrolled() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -744,7 +744,7 @@ fn ztunnel_counter(c: &LocalCluster, node: u8, name: &str, labels: &[(&str, &str
 
 #[test]
 fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -830,7 +830,7 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
 /// --from-control-plane` shows the policy as istiod-lite serves it.
 #[test]
 fn proxy_status_shows_every_ztunnel_synced_over_xds() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -951,7 +951,7 @@ fn has_hbone_workload(dump: &serde_json::Value, ip: &str) -> bool {
 /// HBONE with both identities, across nodes and through a Service VIP.
 #[test]
 fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -986,7 +986,7 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
         "all",
         "--from-control-plane",
         "--xds-address",
-        e2e::cluster::ISTIOD_ADDR,
+        local_cluster::cluster::ISTIOD_ADDR,
         "--xds-san",
         "istiod.istio-system.svc",
         "-o",
@@ -1000,7 +1000,7 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
     .unwrap();
     let node_dump = |node: u8| -> serde_json::Value {
         let dump =
-            e2e::mesh::http_get(&c.node(node).ns, "http://127.0.0.1:15000/config_dump").unwrap();
+            local_cluster::mesh::http_get(&c.node(node).ns, "http://127.0.0.1:15000/config_dump").unwrap();
         serde_json::from_str(&dump).unwrap()
     };
     assert!(
@@ -1018,7 +1018,7 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
     );
 
     // A Service VIP comes with its endpoints.
-    let svc = e2e::cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
+    let svc = local_cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
     let svc = c.api().post("/api/v1/namespaces/m/services", &svc).unwrap();
     let vip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
     wait_for("istiod-lite to serve the Service", T, || {
@@ -1035,7 +1035,7 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 25_000.0);
 
     // By name: the DNS proxy asks istiod for a Service nothing has connected to yet.
-    let named = e2e::cluster::objects::service("m", "named", &[("app", "server")], 80, 9000);
+    let named = local_cluster::objects::service("m", "named", &[("app", "server")], 80, 9000);
     let named = c
         .api()
         .post("/api/v1/namespaces/m/services", &named)
@@ -1055,7 +1055,7 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
 /// reachable, and no ztunnel stops being ready.
 #[test]
 fn ztunnels_fail_over_to_the_other_istiod_replica() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -1111,7 +1111,7 @@ fn ztunnels_fail_over_to_the_other_istiod_replica() {
 /// connections keep working after each step, and no ztunnel goes unready.
 #[test]
 fn a_rolling_update_of_istiod_loses_no_connection() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -1145,7 +1145,7 @@ fn a_rolling_update_of_istiod_loses_no_connection() {
 
 #[test]
 fn a_dual_stack_cluster_carries_both_families_over_hbone() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -1191,7 +1191,7 @@ fn a_dual_stack_cluster_carries_both_families_over_hbone() {
 
     // A dual-stack Service: a ClusterIP of each family, each routed to the endpoint
     // over HBONE, and AAAA answered by ztunnel's DNS proxy.
-    let mut svc = e2e::cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
+    let mut svc = local_cluster::objects::service("m", "sink", &[("app", "server")], 80, 9000);
     svc["spec"]["ipFamilyPolicy"] = "PreferDualStack".into();
     let svc = c.api().post("/api/v1/namespaces/m/services", &svc).unwrap();
     let vips: Vec<String> = serde_json::from_value(svc["spec"]["clusterIPs"].clone()).unwrap();

@@ -14,14 +14,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use cni_agent::redirect::rules::InpodRules;
 use cni_agent::redirect::{Backend, Mode};
-use e2e::dns::{
+use local_cluster::dns::{
     addresses, ask_udp, pod_resolv_conf, query_bytes, Upstream, BIG_NAME, BIG_RECORDS, EXTERNAL_IP,
     UPSTREAM_IP,
 };
-use e2e::mesh::{self, metric_sum, ztunnel_metrics};
-use e2e::pods::{Node, Pod};
-use e2e::process::{wait_for, ChildGuard};
-use e2e::zds_agent::FakeAgent;
+use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
+use test_support::topology::{Node, Pod};
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
+use local_cluster::zds_agent::FakeAgent;
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RecordType};
 use shared_types::zds::WorkloadInfo;
@@ -179,7 +180,7 @@ impl DnsCluster {
     /// pod to ztunnel; with the proxy on, waits until its DNS server is up in the pod.
     fn enroll(&self, name: &str, dns_capture: bool) -> Result<()> {
         let pod = self.pod(name);
-        pod.capture_with(&InpodRules {
+        local_cluster::inpod::capture(&pod, &InpodRules {
             dns_capture,
             ..Default::default()
         })?;
@@ -376,7 +377,7 @@ fn expect_local(dig: &Dig, rtype: &str, addresses: &[&str], what: &str) {
 
 #[test]
 fn service_names_are_answered_by_ztunnel_and_other_names_by_the_upstream() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::new("dq", &[("client", Start::DnsCapture)])?;
@@ -461,7 +462,7 @@ fn service_names_are_answered_by_ztunnel_and_other_names_by_the_upstream() -> Re
 
 #[test]
 fn the_pods_own_resolver_finds_a_service_by_short_name_and_connects_to_it() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::new("dr", &[("client", Start::DnsCapture)])?;
@@ -499,7 +500,7 @@ fn the_pods_own_resolver_finds_a_service_by_short_name_and_connects_to_it() -> R
 
 #[test]
 fn without_dns_capture_the_pods_queries_go_straight_to_the_upstream() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::new("dx", &[("nocap", Start::NoDnsCapture)])?;
@@ -528,7 +529,7 @@ fn without_dns_capture_the_pods_queries_go_straight_to_the_upstream() -> Result<
 #[test]
 fn a_pod_deleted_with_queries_in_flight_loses_its_dns_server_and_ztunnel_stays_healthy(
 ) -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::new(
@@ -667,7 +668,7 @@ fn dns_conntrack(pod: &Pod, port: u16) -> Result<Vec<String>> {
 /// (istio/istio#33469): without the zone, ztunnel's query would be sent to itself.
 #[test]
 fn ztunnels_upstream_queries_live_in_their_own_conntrack_zone() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::new("dz", &[("client", Start::DnsCapture)])?;
@@ -744,7 +745,7 @@ fn ztunnels_upstream_queries_live_in_their_own_conntrack_zone() -> Result<()> {
 /// conntrack tracks nothing, so its first captured packet is always a new flow.)
 #[test]
 fn turning_dns_capture_on_captures_the_pods_existing_dns_flows() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::new("de", &[("client", Start::NoDnsCapture)])?;
@@ -904,7 +905,7 @@ fn message_with_opcode(id: u16, op_code: OpCode) -> Result<Vec<u8>> {
 
 #[test]
 fn garbage_on_the_dns_port_is_dropped_or_refused_and_ztunnel_keeps_answering() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::new("dg", &[("client", Start::DnsCapture)])?;
@@ -1053,7 +1054,7 @@ fn garbage_on_the_dns_port_is_dropped_or_refused_and_ztunnel_keeps_answering() -
 
 #[test]
 fn dns_metrics_count_queries_by_protocol_and_upstream_forwards() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::new("dm", &[("client", Start::DnsCapture)])?;
@@ -1110,7 +1111,7 @@ fn dns_metrics_count_queries_by_protocol_and_upstream_forwards() -> Result<()> {
 
 #[test]
 fn an_unreachable_upstream_gives_servfail_and_counts_a_failure() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let mut c = DnsCluster::new("df", &[("client", Start::DnsCapture)])?;
@@ -1138,7 +1139,7 @@ fn an_unreachable_upstream_gives_servfail_and_counts_a_failure() -> Result<()> {
 
 #[test]
 fn with_the_proxy_off_no_pod_gets_a_dns_server() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let c = DnsCluster::with_env(
@@ -1171,12 +1172,12 @@ fn with_the_proxy_off_no_pod_gets_a_dns_server() -> Result<()> {
 /// namespace, and with `IPV6_ENABLED=false` answers AAAA with no address.
 #[test]
 fn a_dedicated_ztunnel_serves_dns_on_its_configured_address() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     mesh::ca_init(&dir.path().join("ca"))?;
-    let vm = e2e::netns::Netns::new("dvvm")?;
+    let vm = test_support::netns::Netns::new("dvvm")?;
     let upstream = Upstream::start(&vm, "dv", true)?;
     vm.set_resolv_conf(&format!("nameserver {UPSTREAM_IP}\n"))?;
     let config = dir.path().join("config.yaml");

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use bytes::Bytes;
-use e2e::mesh::{self, metric_sum, ztunnel_metrics};
-use e2e::netns::{link, Netns};
-use e2e::process::ChildGuard;
+use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
+use test_support::netns::{link, Netns};
+use test_support::process::ChildGuard;
 use http::{Method, Request, StatusCode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
@@ -33,7 +33,7 @@ const OTHER_HBONE: &str = "10.10.0.3:15008";
 
 #[test]
 fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
@@ -233,7 +233,7 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
 /// this ztunnel cannot vouch for, so CONNECTs to it are refused (401) and counted.
 #[test]
 fn connect_to_a_waypoint_bound_workload_is_refused() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let waypoint_bound = format!(
@@ -276,7 +276,7 @@ fn connect_to_a_waypoint_bound_workload_is_refused() -> Result<()> {
 /// closed to make room, and any unfinished head is closed after the header timeout.
 #[test]
 fn slow_loris_on_the_metrics_port_does_not_stop_new_connections() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let pair = Pair::new("lor", CONFIG)?;

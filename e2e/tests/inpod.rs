@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cni_agent::redirect::rules::InpodRules;
-use e2e::mesh::{self, metric_sum, ztunnel_metrics};
-use e2e::pods::{connect_nodes, Node, Pod};
-use e2e::process::{wait_for, ChildGuard};
-use e2e::zds_agent::FakeAgent;
+use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
+use test_support::topology::{connect_nodes, Node, Pod};
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
+use local_cluster::zds_agent::FakeAgent;
 use shared_types::zds::WorkloadInfo;
 
 const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
@@ -131,13 +132,13 @@ impl Cluster {
         let pods = [&cluster.client, &cluster.local_server, &cluster.server];
         for pod in pods.into_iter().chain(&cluster.only6) {
             if dual_stack {
-                pod.capture_with(&both_families)?;
+                local_cluster::inpod::capture(&pod, &both_families)?;
             } else {
-                pod.capture()?;
+                local_cluster::inpod::capture(&pod, &InpodRules::default())?;
             }
         }
         if let Some(pod) = &cluster.no_ipv6 {
-            pod.capture()?; // as the agent does for a pod without an IPv6 address
+            local_cluster::inpod::capture(&pod, &InpodRules::default())?; // as the agent does for a pod without an IPv6 address
         }
         cluster.enroll(0, &cluster.client, "client")?;
         cluster.enroll(0, &cluster.local_server, "server")?;
@@ -199,13 +200,13 @@ impl Cluster {
     }
 }
 
-fn listening_ports(pod_ns: &e2e::netns::Netns) -> Result<String> {
+fn listening_ports(pod_ns: &test_support::netns::Netns) -> Result<String> {
     pod_ns.stdout(&["ss", "-Hltn"])
 }
 
 #[test]
 fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let cluster = Cluster::new("ip1")?;
@@ -344,7 +345,7 @@ fn echo_once(cluster: &Cluster, target: &str) -> Result<bool> {
 
 #[test]
 fn dual_stack_pods_talk_over_hbone_on_both_families() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let cluster = Cluster::dual_stack("ip6")?;
@@ -440,7 +441,7 @@ fn dual_stack_pods_talk_over_hbone_on_both_families() -> Result<()> {
 
 #[test]
 fn a_deleted_pod_is_drained_and_its_listeners_removed() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let cluster = Cluster::new("del")?;
@@ -506,7 +507,7 @@ fn a_deleted_pod_is_drained_and_its_listeners_removed() -> Result<()> {
 }
 
 /// Identities (SPIFFE URIs) of the leaves ztunnel in `node` holds (`/config_dump`).
-fn certificates(node: &e2e::netns::Netns) -> Result<Vec<String>> {
+fn certificates(node: &test_support::netns::Netns) -> Result<Vec<String>> {
     let dump = mesh::http_get(node, "http://127.0.0.1:15000/config_dump")?;
     let dump: serde_json::Value = serde_json::from_str(&dump)?;
     Ok(dump["certificates"]
@@ -519,7 +520,7 @@ fn certificates(node: &e2e::netns::Netns) -> Result<Vec<String>> {
 
 #[test]
 fn a_pod_of_another_node_is_refused() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let cluster = Cluster::new("nod")?;
@@ -551,7 +552,7 @@ fn a_pod_of_another_node_is_refused() -> Result<()> {
 
 #[test]
 fn a_restarted_ztunnel_gets_its_pods_back_from_the_snapshot() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let mut cluster = Cluster::new("rst")?;
@@ -581,7 +582,7 @@ fn a_restarted_ztunnel_gets_its_pods_back_from_the_snapshot() -> Result<()> {
 
 #[test]
 fn malformed_zds_requests_are_nacked_and_ztunnel_keeps_serving() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     use prost::Message;

@@ -5,7 +5,7 @@
 //!
 //! The capture is an `AF_PACKET` socket in the control-plane namespace reading every
 //! frame that enters the cluster bridge from a node's port (`n11`, `n12`): each packet
-//! between nodes once (see `e2e::capture`). The cluster is dual-stack: both pods stream
+//! between nodes once (see `test_support::capture`). The cluster is dual-stack: both pods stream
 //! marker-carrying payloads to each other's echo server on new connections every few
 //! ms, over IPv4 and over IPv6.
 //!
@@ -18,10 +18,11 @@ use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use e2e::capture::{self, Capture, Captured, Flow};
-use e2e::cluster::{LocalCluster, MeshInstall, Topology};
-use e2e::mesh::metric_sum;
-use e2e::process::{wait_for, ChildGuard};
+use test_support::capture::{self, Capture, Captured, Flow};
+use local_cluster::{LocalCluster, MeshInstall, Topology};
+use local_cluster::mesh::metric_sum;
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
 
 const T: Duration = Duration::from_secs(30);
 const AMBIENT: (&str, &str) = ("istio.io/dataplane-mode", "ambient");
@@ -289,7 +290,7 @@ fn assert_complete(captured: &Captured) {
 
 #[test]
 fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -438,7 +439,7 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
 
 /// How many pods node `i`'s ztunnel serves (its admin `/config_dump`), if it answers.
 fn served_pods(c: &LocalCluster, i: u8) -> Option<usize> {
-    let dump = e2e::mesh::http_get(&c.node(i).ns, "http://127.0.0.1:15000/config_dump").ok()?;
+    let dump = local_cluster::mesh::http_get(&c.node(i).ns, "http://127.0.0.1:15000/config_dump").ok()?;
     let dump: serde_json::Value = serde_json::from_str(&dump).ok()?;
     dump["pods"].as_array().map(Vec::len)
 }
@@ -447,7 +448,7 @@ fn served_pods(c: &LocalCluster, i: u8) -> Option<usize> {
 fn a_restarted_ztunnel_serves_no_pod_before_it_knows_the_peers() {
     // A ztunnel that served its pods before its first xDS sync would not know that
     // their peers take HBONE, and send their traffic in plaintext.
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();
@@ -564,7 +565,7 @@ impl ControlPlaneBlock {
 
     fn start(c: &LocalCluster, i: u8) -> Self {
         assert_eq!(
-            (e2e::cluster::API_ADDR, e2e::cluster::ISTIOD_ADDR),
+            (local_cluster::cluster::API_ADDR, local_cluster::cluster::ISTIOD_ADDR),
             ("10.1.0.1:6443", "10.1.0.1:15012"),
             "the rules name the API server and istiod-lite"
         );
@@ -604,7 +605,7 @@ fn strict_refusals(c: &LocalCluster, node: u8) -> f64 {
 
 #[test]
 fn under_strict_no_plaintext_connection_succeeds() {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return;
     }
     let _s = serial();

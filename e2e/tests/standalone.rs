@@ -1,17 +1,18 @@
 //! Standalone (dedicated-mode) ztunnels carrying real traffic between two
-//! namespaces; see `e2e::standalone` for the topology.
+//! namespaces; see `local_cluster::standalone` for the topology.
 
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::mesh::{self, metric_sum, ztunnel_metrics};
-use e2e::netns::Netns;
-use e2e::process::{wait_for, ChildGuard};
-use e2e::standalone::*;
+use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
+use test_support::netns::Netns;
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
+use local_cluster::standalone::*;
 
 #[test]
 fn hundred_megabytes_cross_hbone_with_spiffe_identities() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let mesh = Standalone::new("s1")?;
@@ -104,7 +105,7 @@ fn hundred_megabytes_cross_hbone_with_spiffe_identities() -> Result<()> {
 
 #[test]
 fn deny_policy_closes_live_connections_and_is_counted() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let mesh = Standalone::new("s2")?;
@@ -194,7 +195,7 @@ fn deny_policy_closes_live_connections_and_is_counted() -> Result<()> {
 
 #[test]
 fn capture_rules_apply_idempotently_and_remove_cleanly() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let ns = Netns::new("cap")?;
@@ -236,7 +237,7 @@ fn capture_rules_apply_idempotently_and_remove_cleanly() -> Result<()> {
 
 #[test]
 fn sigterm_drains_in_flight_connections_and_refuses_new_ones() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let mut mesh = Standalone::new("s3")?;
@@ -288,7 +289,7 @@ fn sigterm_drains_in_flight_connections_and_refuses_new_ones() -> Result<()> {
 
 #[test]
 fn traffic_to_a_waypoint_bound_service_or_workload_is_refused() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let mesh = Standalone::new("wp")?;
@@ -347,11 +348,11 @@ fn traffic_to_a_waypoint_bound_service_or_workload_is_refused() -> Result<()> {
 
 #[test]
 fn the_vms_dns_proxy_answers_mesh_services_on_the_host() -> Result<()> {
-    use e2e::dns::{addresses, ask_udp};
+    use local_cluster::dns::{addresses, ask_udp};
     use hickory_proto::rr::RecordType;
     use std::net::{IpAddr, SocketAddr, UdpSocket};
 
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let mesh = Standalone::new("s4")?;
@@ -391,7 +392,7 @@ fn the_vms_dns_proxy_answers_mesh_services_on_the_host() -> Result<()> {
 /// hand-written one), so the dump and its parser cannot drift apart.
 #[test]
 fn istioctl_lite_reads_a_live_ztunnels_config_dump() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let mesh = Standalone::new("s5")?;
@@ -452,7 +453,7 @@ fn istioctl_lite_reads_a_live_ztunnels_config_dump() -> Result<()> {
 /// ready, and keeps asking (readiness waits for the workload's first certificate).
 #[test]
 fn a_vm_whose_ca_is_unreachable_stays_up_unready_and_keeps_asking() -> Result<()> {
-    if !e2e::can_run_root_tests() {
+    if !test_support::can_run_root_tests() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;

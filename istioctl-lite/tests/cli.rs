@@ -15,17 +15,17 @@ const BIN: &str = env!("CARGO_BIN_EXE_istioctl-lite");
 struct Cluster {
     kubeconfig: PathBuf,
     client: Client,
-    _control: e2e::apiserver::Control,
+    _control: kube_apiserver_lite::Control,
     _dir: tempfile::TempDir,
 }
 
 async fn cluster() -> Cluster {
-    let server = e2e::apiserver::ApiServer::bind("127.0.0.1:0", None)
+    let server = kube_apiserver_lite::ApiServer::bind("127.0.0.1:0", None)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    e2e::apiserver::write_kubeconfig(&kubeconfig, &server.url()).unwrap();
+    kube_apiserver_lite::write_kubeconfig(&kubeconfig, &server.url()).unwrap();
     let control = server.spawn();
     let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
@@ -63,7 +63,7 @@ fn helm_missing() -> bool {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join("helm").is_file()))
         .unwrap_or(false);
-    !e2e::prerequisite(
+    !test_support::prerequisite(
         found,
         "helm is not on PATH (scripts/install-chart-tools.sh installs it)",
     )

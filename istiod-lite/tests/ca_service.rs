@@ -7,8 +7,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::apiserver::{write_kubeconfig, ApiServer, Control, Options};
-use e2e::process::{eventually, wait_for, ChildGuard};
+use kube_apiserver_lite::{write_kubeconfig, ApiServer, Control, Options};
+use test_support::poll::eventually;
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -41,7 +43,7 @@ fn free_port() -> u16 {
 
 fn http_get(url: &str) -> Option<String> {
     let (addr, path) = url.strip_prefix("http://")?.split_once('/')?;
-    e2e::mesh::get_ok(addr.parse().ok()?, &format!("/{path}"))
+    test_support::http::get_ok(addr.parse().ok()?, &format!("/{path}"))
 }
 
 fn pod(ns: &str, name: &str, sa: &str, node: &str) -> Pod {
@@ -108,8 +110,8 @@ async fn start() -> Fixture {
         .env("READY_ADDR", format!("127.0.0.1:{ready_port}"))
         .env("MAX_WORKLOAD_CERT_TTL", "48h")
         .env(
-            e2e::cluster::sweep::OWNER_ENV,
-            e2e::cluster::sweep::owner_marker(),
+            test_support::owner::OWNER_ENV,
+            test_support::owner::owner_marker(),
         );
     let istiod = ChildGuard::spawn(&format!("istiod-lite-{grpc_port}"), cmd).unwrap();
     let ready = format!("http://127.0.0.1:{ready_port}/ready");

@@ -6,8 +6,10 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e::apiserver::{write_kubeconfig, ApiServer, Control, Options};
-use e2e::process::{eventually, wait_for, ChildGuard};
+use kube_apiserver_lite::{write_kubeconfig, ApiServer, Control, Options};
+use test_support::poll::eventually;
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
 use istiod_lite::kube::leader::{self, Settings, NAMESPACE_CONTROLLER_LEASE};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -131,14 +133,14 @@ async fn replica(pod: &str, dir: &std::path::Path, kubeconfig: &std::path::Path)
         .env("MONITORING_ADDR", format!("127.0.0.1:{metrics}"))
         .env("READY_ADDR", format!("127.0.0.1:{ready}"))
         .env(
-            e2e::cluster::sweep::OWNER_ENV,
-            e2e::cluster::sweep::owner_marker(),
+            test_support::owner::OWNER_ENV,
+            test_support::owner::owner_marker(),
         );
     let guard = ChildGuard::spawn(&format!("istiod-lite-{pod}-{grpc}"), cmd).unwrap();
     let ready = std::net::SocketAddr::from(([127, 0, 0, 1], ready));
     // Blocking waits run off the runtime: the API server is served on it.
     tokio::task::spawn_blocking(move || {
-        match wait_for("replica ready", WAIT, || e2e::mesh::get_ok(ready, "/ready")) {
+        match wait_for("replica ready", WAIT, || test_support::http::get_ok(ready, "/ready")) {
             Ok(_) => guard,
             Err(e) => panic!("{e}\n{}", guard.log()),
         }

@@ -217,7 +217,7 @@ mod tests {
     #[test]
     fn current_netns_runs_jobs_and_reports_panics() {
         // setns, even into the netns we are in, needs CAP_SYS_ADMIN.
-        if !e2e::can_run_root_tests() {
+        if !test_support::can_run_root_tests() {
             return;
         }
         let ns = NetnsHandle::current().unwrap();
@@ -235,7 +235,7 @@ mod tests {
 
     #[tokio::test]
     async fn async_jobs_do_not_move_the_worker() {
-        if !e2e::can_run_root_tests() {
+        if !test_support::can_run_root_tests() {
             return;
         }
         let ns = NetnsHandle::current().unwrap();

@@ -150,13 +150,6 @@ fn host_network_pods_are_included_but_never_hbone() {
     let w = workload(&p, &[]).unwrap();
     assert_eq!(w.protocol, Protocol::Tcp);
     assert_eq!(w.network_mode, NetworkMode::HostNetwork);
-    // The state never indexes a host-network workload by the node's IP.
-    let mut state = ztunnel::state::ProxyState::new();
-    state.insert_workload(w);
-    assert!(state
-        .workload_by_ip("192.168.1.10".parse().unwrap())
-        .is_none());
-    assert!(state.workload_by_name("kube-system", "h").is_some());
 }
 
 #[test]
@@ -305,15 +298,6 @@ fn build_is_sorted_and_deterministic() {
         )
     );
     assert_eq!(one.workloads[0].name, "a");
-    let state = one.to_state();
-    let svc = state.service_by_vip("10.96.0.10".parse().unwrap()).unwrap();
-    let eps = state.service_endpoints(&svc, 80);
-    let targets: Vec<(String, u16)> = eps.iter().map(|(w, p)| (w.name.clone(), *p)).collect();
-    // "a" has no `http` container port: its entry lacks 80 and falls back to the port.
-    assert_eq!(
-        targets,
-        vec![("a".to_string(), 80), ("web-7d9f-abcde".to_string(), 8080)]
-    );
 }
 
 #[test]

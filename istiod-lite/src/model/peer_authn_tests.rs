@@ -337,40 +337,5 @@ fn build_lists_the_strict_policy_and_authorization_refuses_plaintext() {
         ]
     );
 
-    let state = built.to_state();
-    let plaintext = |ip: &str, port: u16| ConnectionAttrs {
-        src_identity: None,
-        src_ip: "10.9.9.9".parse().unwrap(),
-        dst: format!("{ip}:{port}").parse().unwrap(),
-    };
-    let wl = |ip: &str| state.workload_by_ip(ip.parse().unwrap()).unwrap();
-    let denied = state
-        .authorize(&plaintext("10.0.0.5", 80), &wl("10.0.0.5"))
-        .unwrap_err();
-    assert_eq!(denied.reason(), "strict_mtls");
-    let mtls = ConnectionAttrs {
-        src_identity: Some(Identity::new("cluster.local", "app", "client")),
-        ..plaintext("10.0.0.5", 80)
-    };
-    assert_eq!(state.authorize(&mtls, &wl("10.0.0.5")), Ok(()));
-    assert_eq!(
-        state.authorize(&plaintext("10.0.0.7", 80), &wl("10.0.0.7")),
-        Ok(())
-    );
-    assert_eq!(
-        state.authorize(&plaintext("10.0.0.6", 5432), &wl("10.0.0.6")),
-        Ok(())
-    );
-    assert_eq!(
-        state
-            .authorize(&plaintext("10.0.0.6", 80), &wl("10.0.0.6"))
-            .map_err(|d| d.reason()),
-        Err("strict_mtls")
-    );
-    // An AuthorizationPolicy denial keeps its own reason.
-    assert_eq!(
-        Denied::ByDeny("app/deny-all".into()).reason(),
-        "policy_denied"
-    );
     assert_eq!(Denied::NoAllowMatch.reason(), "policy_denied");
 }

@@ -308,33 +308,6 @@ impl Rebuilder {
 }
 
 #[cfg(test)]
-impl Built {
-    /// What a ztunnel sent these resources holds: each published and encoded as on
-    /// the wire, then applied by ztunnel's own xDS client code.
-    pub fn to_state(&self) -> ztunnel::state::ProxyState {
-        use shared_types::istio::xds::{resource, DeltaDiscoveryResponse};
-        let store = ResourceStore::default();
-        self.publish(&store);
-        let mut held = ztunnel::discovery::xds::Resources::default();
-        for type_url in [AUTHORIZATION_TYPE_URL, ADDRESS_TYPE_URL] {
-            let resources = store
-                .all(type_url)
-                .into_iter()
-                .map(|(name, entry)| resource(&*name, entry.version(), entry.body.clone()))
-                .collect();
-            let response = DeltaDiscoveryResponse {
-                type_url: type_url.into(),
-                resources,
-                ..Default::default()
-            };
-            let refused = held.apply(response);
-            assert!(refused.is_empty(), "ztunnel refused {refused:?}");
-        }
-        held.state().clone()
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -1,0 +1,102 @@
+//! Helpers the API-server test binaries share: an in-process server, kube-rs
+//! clients for it, the real binary's readiness, and a real kubectl.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use kube_apiserver_lite::{ApiServer, Control, Options};
+use test_support::process::ChildGuard;
+use kube::Client;
+
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// An in-process server on a free port and a kube-rs client for it.
+pub async fn start(options: Options) -> (Control, Client) {
+    let server = ApiServer::bind_with("127.0.0.1:0", options)
+        .await
+        .expect("bind");
+    let client = client_for(&server.url());
+    (server.spawn(), client)
+}
+
+pub fn client_for(url: &str) -> Client {
+    let config = kube::Config::new(url.parse().expect("server url"));
+    Client::try_from(config).expect("client")
+}
+
+pub fn api_code(err: kube::Error) -> u16 {
+    match err {
+        kube::Error::Api(status) => status.code,
+        other => panic!("expected an API error, got {other}"),
+    }
+}
+
+/// kubectl from scripts/install-chart-tools.sh, else one on PATH.
+pub fn kubectl() -> Option<PathBuf> {
+    let candidates = [
+        PathBuf::from("/usr/local/bin/kubectl"),
+        PathBuf::from("kubectl"),
+    ];
+    let found = candidates.into_iter().find(|k| {
+        Command::new(k)
+            .args(["version", "--client"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    test_support::prerequisite(
+        found.is_some(),
+        "kubectl not installed (run scripts/install-chart-tools.sh)",
+    )
+    .then_some(found)
+    .flatten()
+}
+
+pub struct Kubectl {
+    pub bin: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub cache: PathBuf,
+}
+
+impl Kubectl {
+    /// Runs kubectl off the async runtime; returns stdout, panics with stderr on failure.
+    pub async fn run(&self, args: &[&str]) -> String {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .args(args);
+        let output = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .expect("run kubectl");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "kubectl {args:?} failed: {}{stdout}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub async fn wait_ready(client: &Client, server: &ChildGuard) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while client.apiserver_version().await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server not ready: {}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
