@@ -12,19 +12,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use kube_apiserver_lite::{write_kubeconfig, ApiServer, Options};
-use test_support::owner::{owner_marker, OWNER_ENV};
-use test_support::poll::wait_for;
-use test_support::process::ChildGuard;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::Client;
-use mesh_ca::{CertificateAuthority, Identity, RootKey, WorkloadCertificate};
+use kube_apiserver_lite::{write_kubeconfig, ApiServer, Options};
+use mesh_ca::{CertificateAuthority, RootKey, WorkloadCertificate};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 use serde_json::json;
-use shared_types::istio::ca::{IstioCertificateRequest, IstioCertificateServiceClient};
+use shared_types::identity::Identity;
+use shared_types::istio::ca::IstioCertificateRequest;
+use shared_types::istio::ca_service::IstioCertificateServiceClient;
+use test_support::owner::{owner_marker, OWNER_ENV};
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
 use tokio::sync::Barrier;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 

@@ -8,18 +8,18 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use cni_agent::redirect::rules::InpodRules;
+use hickory_proto::op::Message;
+use hickory_proto::rr::RecordType;
 use local_cluster::dns::{
     addresses, pod_resolv_conf, query_bytes, Upstream, EXTERNAL_IP, EXTERNAL_NAME, UPSTREAM_IP,
 };
 use local_cluster::mesh;
-use test_support::topology::Node;
-use test_support::poll::wait_for;
 use local_cluster::zds_agent::FakeAgent;
-use hickory_proto::op::Message;
-use hickory_proto::rr::RecordType;
+use redirection::rules::InpodRules;
 use shared_types::constants::{DEFAULT_PACKET_MARK, ZTUNNEL_DEFAULT_WORKER_THREADS};
 use shared_types::zds::WorkloadInfo;
+use test_support::poll::wait_for;
+use test_support::topology::Node;
 
 use crate::procfs::{clock_ticks, cpu_ticks};
 use crate::report::{added, percentile, single, Figure};
@@ -62,10 +62,13 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
         &config,
         &[("NODE_NAME", "node1")],
     )?;
-    local_cluster::inpod::capture(&pod, &InpodRules {
-        dns_capture: true,
-        ..Default::default()
-    })?;
+    local_cluster::inpod::capture(
+        &pod,
+        &InpodRules {
+            dns_capture: true,
+            ..Default::default()
+        },
+    )?;
     let info = WorkloadInfo {
         name: "client".into(),
         namespace: "demo".into(),

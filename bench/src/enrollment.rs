@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use local_cluster::cluster::LocalCluster;
-use local_cluster::mesh;
 
 use crate::procfs::rss_kib;
 use crate::report::{percentile, single, Figure};
@@ -42,7 +41,7 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
     let node = cluster.node(1);
     let pid = |p: &Option<test_support::process::ChildGuard>| p.as_ref().map_or(0, |c| c.pid());
     let (agent_idle, ztunnel_idle) = (rss_kib(pid(&node.agent)), rss_kib(pid(&node.ztunnel)));
-    let app = mesh::binary("e2e-app")?;
+    let app = test_support::built_binary("e2e-app")?;
     let app = app.to_string_lossy().into_owned();
     let argv = [app.as_str(), "echo", "--listen", "0.0.0.0:9001"];
 
@@ -94,8 +93,9 @@ fn run_mode(plan: &Plan, mode: &str) -> Result<Vec<Figure>> {
     let enrolled = 2 * plan.pods;
     let (agent_busy, ztunnel_busy) = (rss_kib(pid(&node.agent)), rss_kib(pid(&node.ztunnel)));
 
-    let log_of =
-        |p: &Option<test_support::process::ChildGuard>| p.as_ref().map(|c| c.log()).unwrap_or_default();
+    let log_of = |p: &Option<test_support::process::ChildGuard>| {
+        p.as_ref().map(|c| c.log()).unwrap_or_default()
+    };
     let lines = log_fields(
         &log_of(&node.agent),
         &["pod enrolled in ambient", "CNI ADD served"],

@@ -4,17 +4,17 @@
 //! and served by its node's ztunnel, against two pods outside the mesh on the same
 //! nodes.
 
-use cni_agent::redirect::InpodRules;
+use redirection::InpodRules;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use local_cluster::mesh;
-use test_support::netns::Netns;
-use test_support::topology::{connect_nodes, Node, Pod};
-use test_support::poll::wait_for;
-use test_support::process::ChildGuard;
 use local_cluster::zds_agent::FakeAgent;
 use shared_types::zds::WorkloadInfo;
+use test_support::netns::Netns;
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
+use test_support::topology::{connect_nodes, Node, Pod};
 
 use crate::procfs::rss_kib;
 use crate::report::{added, median, percentile, single, Figure};
@@ -144,7 +144,7 @@ fn pod_to_pod(plan: &Plan) -> Result<Vec<Figure>> {
             anyhow::bail!("ztunnel refused {}: {reason}", pod.name);
         }
     }
-    let app = mesh::binary("e2e-app")?;
+    let app = test_support::built_binary("e2e-app")?;
     let app = app.to_str().context("path")?;
     let mut echoes = Vec::new();
     for pod in [&server, &plain_server] {

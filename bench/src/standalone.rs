@@ -6,11 +6,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use local_cluster::mesh;
+use local_cluster::standalone::{Standalone, DIRECT_ECHO_PORT, ECHO_PORT, SERVER_IP, SERVER_IP6};
 use test_support::netns::Netns;
 use test_support::poll::wait_for;
 use test_support::process::ChildGuard;
-use local_cluster::standalone::{Standalone, DIRECT_ECHO_PORT, ECHO_PORT, SERVER_IP, SERVER_IP6};
 
 use shared_types::constants::ZTUNNEL_DEFAULT_WORKER_THREADS;
 
@@ -468,7 +467,7 @@ pub(crate) fn churn_to(
 }
 
 fn app(a: &Netns, args: &[&str]) -> Result<serde_json::Value> {
-    let binary = mesh::binary("e2e-app")?;
+    let binary = test_support::built_binary("e2e-app")?;
     let mut argv = vec![binary.to_str().context("path")?];
     argv.extend_from_slice(args);
     let out = a.stdout(&argv)?;
@@ -478,7 +477,7 @@ fn app(a: &Netns, args: &[&str]) -> Result<serde_json::Value> {
 /// Holds `count` mesh connections open; returns the HBONE connections A's ztunnel
 /// used for them and its RSS meanwhile.
 fn hold(topology: &Standalone, count: u64) -> Result<(usize, u64)> {
-    let binary = mesh::binary("e2e-app")?;
+    let binary = test_support::built_binary("e2e-app")?;
     let mut child = topology
         .a
         .command(binary.to_str().context("path")?)

@@ -367,7 +367,11 @@ async fn wait_for_resources(f: &Fixture, expected: usize) -> Result<()> {
         })
         .await?
         .map(|text| {
-            local_cluster::mesh::metric_sum(&text, "pilot_xds_resources", &[("type", ADDRESS_TYPE_URL)])
+            local_cluster::mesh::metric_sum(
+                &text,
+                "pilot_xds_resources",
+                &[("type", ADDRESS_TYPE_URL)],
+            )
         })
         .unwrap_or_default();
         // The model may not have listed the extra CA pods' workloads yet: at least.

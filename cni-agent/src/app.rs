@@ -3,16 +3,16 @@
 //! config appears), then the installer and its watch. On shutdown the chain entry stays
 //! (fail closed: new pods wait for the next agent) unless uninstall was asked for.
 
-use crate::cmdadd::EnrollOnAdd;
-use crate::enablement;
-use crate::engine::{self, AmbientConfig};
-use crate::health;
+use crate::enrollment::cmdadd::EnrollOnAdd;
+use crate::enrollment::{self, EnrollmentConfig};
 use crate::install::watch::{self, WatchSettings};
 use crate::install::{InstallConfig, Installer};
-use crate::metrics::Metrics;
-use crate::readiness::Readiness;
-use crate::uds::{self, event::CmdAddHandler, UdsAccess};
+use crate::ops::health;
+use crate::ops::metrics::Metrics;
+use crate::plugin_api::enablement;
+use crate::plugin_api::{self, event::CmdAddHandler, UdsAccess};
 use anyhow::Context;
+use mesh_runtime::readiness::Readiness;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +24,8 @@ pub const DEFAULT_LOG_FILTER: &str = "info,cni-plugin=trace";
 /// Readiness blocker held until both plugin sockets listen.
 pub const READY_PLUGIN_SOCKETS: &str = "plugin-sockets";
 
+/// The whole node agent's settings: the installer, the plugin sockets, the probes and
+/// (with ambient enabled) the enrollment engine.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     pub install: InstallConfig,
@@ -39,7 +41,7 @@ pub struct AgentConfig {
     pub uninstall_on_exit: bool,
     pub watch: WatchSettings,
     /// The enrollment engine; `None` (`AMBIENT_ENABLED=false`) keeps the given handler.
-    pub ambient: Option<AmbientConfig>,
+    pub enrollment: Option<EnrollmentConfig>,
 }
 
 /// Runs until `shutdown` fires (or the installer's watch fails), then cleans up as
@@ -66,10 +68,10 @@ pub async fn run(
     // the metrics port by the engine (ambient mode).
     let metrics = Metrics::new();
     // The engine keeps serving until the very end; its in-pod rules outlive us.
-    let handler: Arc<dyn CmdAddHandler> = match &config.ambient {
-        Some(ambient) => {
-            let enroller = engine::start(
-                ambient,
+    let handler: Arc<dyn CmdAddHandler> = match &config.enrollment {
+        Some(enrollment_config) => {
+            let enroller = enrollment::start(
+                enrollment_config,
                 config.run_dir.clone(),
                 metrics.clone(),
                 readiness.clone(),
@@ -84,7 +86,7 @@ pub async fn run(
         peer_uid: config.plugin_peer_uid,
         metrics,
     };
-    uds::start(&config.run_dir, handler, &access, serve_stop.clone())?;
+    plugin_api::start(&config.run_dir, handler, &access, serve_stop.clone())?;
     let excluded = &config.install.settings.exclude_namespaces;
     let state = enablement::initial_state(&config.run_dir, excluded);
     enablement::write_state(&config.run_dir, &state).with_context(|| {

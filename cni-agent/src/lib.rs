@@ -1,25 +1,21 @@
-//! The istio-cni node agent. This part installs the chained `istio-cni` plugin (binary
-//! and CNI config, kept in place against other writers) and serves the plugin's two Unix
-//! sockets, the health probes and the enablement state the plugin falls back on.
+//! The istio-cni node agent (a DaemonSet): installs the chained `istio-cni` plugin,
+//! enrolls the node's ambient pods (programs redirection in each pod's network
+//! namespace, hands the namespace to ztunnel over ZDS), and serves the plugin.
 //!
-//! One module per concern; [`app`] wires them, `main.rs` only parses flags.
+//! - [`install`]: the plugin binary and our entry in the node's CNI chain, kept there;
+//! - [`plugin_api`]: the plugin's two Unix sockets (the CNI ADD event, its log lines),
+//!   who may use them, and the enablement state the plugin falls back on;
+//! - [`enrollment`]: the engine: which pods are ambient, the Kubernetes watches, the
+//!   work queue, enrolling and un-enrolling one pod, a CNI ADD held until enrolled;
+//! - [`zds`]: the ZDS server ztunnel connects to;
+//! - [`ops`]: health probes and Prometheus metrics.
+//!
+//! The rules themselves are the `redirection` crate's. [`app`] wires the parts;
+//! `main.rs` only parses flags.
 
 pub mod app;
-pub mod cmdadd;
-pub mod eligibility;
-pub mod enablement;
-pub mod engine;
-pub mod enroll;
-pub mod fsutil;
-pub mod health;
-pub mod http_server;
+pub mod enrollment;
 pub mod install;
-pub mod kube;
-pub mod metrics;
-pub mod peer;
-pub mod podlock;
-pub mod queue;
-pub mod readiness;
-pub mod redirect;
-pub mod uds;
+pub mod ops;
+pub mod plugin_api;
 pub mod zds;

@@ -5,11 +5,12 @@ use anyhow::Context;
 use clap::builder::BoolishValueParser;
 use clap::Parser;
 use cni_agent::app::{self, AgentConfig};
-use cni_agent::eligibility::Selection;
-use cni_agent::engine::{AmbientConfig, BackendChoice};
+use cni_agent::enrollment::eligibility::Selection;
+use cni_agent::enrollment::enroll::PodEnrollmentConfig;
+use cni_agent::enrollment::{BackendChoice, EnrollmentConfig};
 use cni_agent::install::conflist::PluginSettings;
 use cni_agent::install::{InstallConfig, DEFAULT_OWNED_CONFIG_NAME, PLUGIN_BINARY_NAME};
-use cni_agent::uds::event::admit_all;
+use cni_agent::plugin_api::event::admit_all;
 use shared_types::constants::{
     AGENT_HEALTH_PORT, AGENT_METRICS_PORT, DEFAULT_CNI_BIN_DIR, DEFAULT_CNI_CONF_DIR,
     DEFAULT_CNI_RUN_DIR, DEFAULT_ZDS_SOCKET, SYSTEM_NAMESPACE,
@@ -160,35 +161,39 @@ impl Args {
             .map(|n| n.trim().to_string())
             .filter(|n| !n.is_empty())
             .collect();
-        let ambient = if self.ambient_enabled {
+        let enrollment = if self.ambient_enabled {
             let node_name = self
                 .node_name
                 .filter(|n| !n.is_empty())
                 .context("NODE_NAME is required when AMBIENT_ENABLED is true")?;
-            Some(AmbientConfig {
+            Some(EnrollmentConfig {
                 node_name,
                 zds_socket: absolute(&self.ztunnel_uds_address)?,
                 ztunnel_peer_uid: self.ztunnel_peer_uid,
-                host_proc: self.host_proc_dir,
-                netns_dir: absolute(&self.cni_netns_dir)?,
-                dns_capture: self.ambient_dns_capture,
-                ipv6: self.ambient_ipv6,
                 reconcile_on_startup: self.ambient_reconcile_pod_rules_on_startup,
-                cni_event_timeout: std::time::Duration::from_secs(self.cni_event_timeout.max(1)),
                 metrics_port: self.metrics_port,
                 backend: self.iptables_backend,
                 native_nftables: self.native_nftables,
-                selection: Selection {
-                    excluded_namespaces: exclude_namespaces.clone(),
-                    system_namespace: self.pod_namespace.clone(),
-                    ..Selection::default()
+                pods: PodEnrollmentConfig {
+                    selection: Selection {
+                        excluded_namespaces: exclude_namespaces.clone(),
+                        system_namespace: self.pod_namespace.clone(),
+                        ..Selection::default()
+                    },
+                    host_proc: self.host_proc_dir,
+                    netns_dir: absolute(&self.cni_netns_dir)?,
+                    dns_capture: self.ambient_dns_capture,
+                    ipv6: self.ambient_ipv6,
+                    cni_event_timeout: std::time::Duration::from_secs(
+                        self.cni_event_timeout.max(1),
+                    ),
                 },
             })
         } else {
             None
         };
         Ok(AgentConfig {
-            ambient,
+            enrollment,
             install: InstallConfig {
                 conf_dir: absolute(&self.cni_conf_dir)?,
                 bin_dir: absolute(&self.cni_bin_dir)?,

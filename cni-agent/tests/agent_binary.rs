@@ -5,11 +5,11 @@
 mod common;
 
 use common::{eventually, exchange, Node};
-use test_support::process::ChildGuard;
 use shared_types::cni::AmbientEnablementState;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use test_support::process::ChildGuard;
 use tokio::net::{TcpStream, UnixStream};
 
 const WAIT: Duration = Duration::from_secs(20);

@@ -13,25 +13,23 @@
 
 mod common;
 
-use cni_agent::cmdadd::EnrollOnAdd;
-use cni_agent::eligibility::Selection;
-use cni_agent::enroll::{EnrollConfig, Enroller};
-use cni_agent::kube::KubeCache;
-use cni_agent::metrics::Metrics;
-use cni_agent::peer::{PeerGate, SOCKET_ZDS};
-use cni_agent::queue::{Backoff, WorkQueue};
-use cni_agent::redirect::netns::netns_inode;
-use cni_agent::redirect::rules::{InpodRules, IpFamily};
-use cni_agent::redirect::save::SavedTables;
-use cni_agent::redirect::{Backend, Mode, Redirector};
-use cni_agent::uds::{self, event::CmdAddHandler};
+use cni_agent::enrollment::cmdadd::EnrollOnAdd;
+use cni_agent::enrollment::eligibility::Selection;
+use cni_agent::enrollment::enroll::{Enroller, PodEnrollmentConfig};
+use cni_agent::enrollment::kube::KubeCache;
+use cni_agent::enrollment::queue::{Backoff, WorkQueue};
+use cni_agent::ops::metrics::Metrics;
+use cni_agent::plugin_api::peer::{PeerGate, SOCKET_ZDS};
+use cni_agent::plugin_api::{self, event::CmdAddHandler};
 use cni_agent::zds::ZdsServer;
 use common::{access, capture_subscriber, exchange, Answer};
-use test_support::topology::{Node, Pod};
-use test_support::process::ChildGuard;
 use k8s_openapi::api::core::v1::{Namespace, Pod as KPod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use mesh_runtime::netns::netns_inode;
 use prost::Message;
+use redirection::rules::{InpodRules, IpFamily};
+use redirection::save::SavedTables;
+use redirection::{Backend, Mode, Redirector};
 use serde_json::json;
 use shared_types::cni::{CniPluginAddEvent, GoIpNet, PodIpConfig};
 use shared_types::zds::{workload_request::Payload, WorkloadRequest, WorkloadResponse, ZdsHello};
@@ -40,6 +38,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use test_support::process::ChildGuard;
+use test_support::topology::{Node, Pod};
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
@@ -125,7 +125,7 @@ async fn agent(
     assert!(cache.wait_synced().await);
     let backend = tokio::task::spawn_blocking(Backend::detect).await.unwrap();
     let enroller = Enroller::new(
-        EnrollConfig {
+        PodEnrollmentConfig {
             selection: Selection::default(),
             host_proc,
             netns_dir: "/var/run/netns".into(),
@@ -279,7 +279,7 @@ async fn forged_adds_are_refused_before_any_rule_and_locks_are_pruned() {
     wait_until("the fake ztunnel", || a.zds.connections() == 1).await;
     let handler: Arc<dyn CmdAddHandler> = Arc::new(EnrollOnAdd::new(a.enroller.clone()));
     let run_dir = dir.path().join("run");
-    let servers = uds::start(&run_dir, handler, &access(), a.cancel.clone()).unwrap();
+    let servers = plugin_api::start(&run_dir, handler, &access(), a.cancel.clone()).unwrap();
     let sock = servers.event_socket.clone();
     let path = |p: &Pod| p.ns.path().display().to_string();
 

@@ -5,8 +5,8 @@
 mod common;
 
 use cni_agent::install::watch::{self, WatchSettings, READY_CNI_CONFIG};
-use cni_agent::readiness::Readiness;
 use common::{eventually, Node};
+use mesh_runtime::readiness::Readiness;
 use std::fs;
 use std::path::Path;
 use std::time::Duration;

@@ -13,12 +13,12 @@
 
 mod common;
 
-use cni_agent::metrics::Metrics;
-use cni_agent::peer::{PeerGate, SOCKET_PLUGIN_EVENT, SOCKET_PLUGIN_LOG, SOCKET_ZDS};
-use cni_agent::redirect::NetnsHandle;
-use cni_agent::uds::{self, event::CmdAddHandler, UdsAccess};
+use cni_agent::ops::metrics::Metrics;
+use cni_agent::plugin_api::peer::{PeerGate, SOCKET_PLUGIN_EVENT, SOCKET_PLUGIN_LOG, SOCKET_ZDS};
+use cni_agent::plugin_api::{self, event::CmdAddHandler, UdsAccess};
 use cni_agent::zds::{EnrolledPod, ZdsServer};
 use common::{exchange, mode};
+use mesh_runtime::netns::NetnsHandle;
 use nix::sys::socket::{
     connect, recvmsg, send, socket, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag,
     SockType, UnixAddr,
@@ -106,7 +106,7 @@ async fn non_root_peer_is_refused_on_both_plugin_sockets() {
     });
     let metrics = Metrics::new();
     let cancel = CancellationToken::new();
-    uds::start(
+    plugin_api::start(
         &run_dir,
         handler,
         &UdsAccess::root_only(metrics.clone()),
@@ -175,7 +175,7 @@ async fn non_root_peer_is_refused_on_both_plugin_sockets() {
     cancel.cancel();
     let cancel = CancellationToken::new();
     let noop: Arc<dyn CmdAddHandler> = Arc::new(|_: CniPluginAddEvent| async { Ok(()) });
-    uds::start(
+    plugin_api::start(
         &run_dir,
         noop,
         &UdsAccess::root_only(Metrics::new()),
@@ -203,7 +203,7 @@ async fn configured_uid_is_admitted_and_owns_the_sockets() {
         peer_uid: NOBODY,
         metrics: metrics.clone(),
     };
-    uds::start(&run_dir, handler, &access, cancel.clone()).unwrap();
+    plugin_api::start(&run_dir, handler, &access, cancel.clone()).unwrap();
     assert_eq!(mode(&run_dir), 0o711);
     let event_sock = run_dir.join("pluginevent.sock");
     let meta = std::fs::metadata(&event_sock).unwrap();

@@ -9,7 +9,7 @@ mod common;
 
 use cni_agent::install::conflist::PluginSettings;
 use cni_agent::install::{InstallConfig, Installer};
-use cni_agent::uds::{self, event::CmdAddError};
+use cni_agent::plugin_api::{self, event::CmdAddError};
 use common::{capture_subscriber, Node};
 use serde_json::{json, Value};
 use shared_types::cni::CniPluginAddEvent;
@@ -148,7 +148,7 @@ async fn plugin_add_reaches_the_agent_and_its_logs_come_back() {
         }
     });
     let cancel = CancellationToken::new();
-    uds::start(&run_dir, handler, &common::access(), cancel.clone()).unwrap();
+    plugin_api::start(&run_dir, handler, &common::access(), cancel.clone()).unwrap();
     let netconf = installed_netconf(&node, &run_dir, prev_result());
 
     let run = run_plugin(&binary, &netconf, Pod("abc123", "web-0", "uid-1")).await;

@@ -9,12 +9,12 @@
 mod common;
 
 use common::{FakeServer, Reply, PLUGIN};
-use test_support::netns::Netns;
 use serde_json::{json, Value};
 use shared_types::cni::CniPluginAddEvent;
 use shared_types::constants::PLUGIN_EVENT_SOCKET;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use test_support::netns::Netns;
 
 const IFNAME: &str = "eth0";
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use local_cluster::charts::{install_manifests, unread_env};
 use local_cluster::cluster::LocalCluster;
-use test_support::poll::wait_for;
 use serde_json::Value;
+use test_support::poll::wait_for;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -205,8 +205,10 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
             T,
             || {
                 let m = local_cluster::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
-                let connected = local_cluster::mesh::metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
-                let restored = local_cluster::mesh::metric_sum(&m, "istio_cni_pods_enrolled", &[]) >= 1.0;
+                let connected =
+                    local_cluster::mesh::metric_sum(&m, "istio_cni_zds_connections", &[]) == 1.0;
+                let restored =
+                    local_cluster::mesh::metric_sum(&m, "istio_cni_pods_enrolled", &[]) >= 1.0;
                 (connected && restored).then_some(())
             },
         )

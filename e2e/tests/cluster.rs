@@ -1000,7 +1000,8 @@ fn on_demand_ztunnels_fetch_only_what_their_pods_connect_to() {
     .unwrap();
     let node_dump = |node: u8| -> serde_json::Value {
         let dump =
-            local_cluster::mesh::http_get(&c.node(node).ns, "http://127.0.0.1:15000/config_dump").unwrap();
+            local_cluster::mesh::http_get(&c.node(node).ns, "http://127.0.0.1:15000/config_dump")
+                .unwrap();
         serde_json::from_str(&dump).unwrap()
     };
     assert!(

@@ -12,20 +12,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use cni_agent::redirect::rules::InpodRules;
-use cni_agent::redirect::{Backend, Mode};
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RecordType};
 use local_cluster::dns::{
     addresses, ask_udp, pod_resolv_conf, query_bytes, Upstream, BIG_NAME, BIG_RECORDS, EXTERNAL_IP,
     UPSTREAM_IP,
 };
 use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
-use test_support::topology::{Node, Pod};
+use local_cluster::zds_agent::FakeAgent;
+use redirection::rules::InpodRules;
+use redirection::{Backend, Mode};
+use shared_types::zds::WorkloadInfo;
 use test_support::poll::wait_for;
 use test_support::process::ChildGuard;
-use local_cluster::zds_agent::FakeAgent;
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RecordType};
-use shared_types::zds::WorkloadInfo;
+use test_support::topology::{Node, Pod};
 
 const NAMESPACE: &str = "demo";
 const CLUSTER_DOMAIN: &str = "cluster.local";
@@ -156,9 +156,11 @@ impl DnsCluster {
             cluster.enroll(name, *start == Start::DnsCapture)?;
         }
         let server = cluster.pod("server");
-        let mut cmd = server
-            .ns
-            .command(mesh::binary("e2e-app")?.to_str().context("path")?);
+        let mut cmd = server.ns.command(
+            test_support::built_binary("e2e-app")?
+                .to_str()
+                .context("path")?,
+        );
         cmd.args(["sink", "--listen", "0.0.0.0:9000"]);
         let sink = ChildGuard::spawn(&format!("sink-{}", server.ns.name()), cmd)?;
         cluster.apps.push(sink);
@@ -180,10 +182,13 @@ impl DnsCluster {
     /// pod to ztunnel; with the proxy on, waits until its DNS server is up in the pod.
     fn enroll(&self, name: &str, dns_capture: bool) -> Result<()> {
         let pod = self.pod(name);
-        local_cluster::inpod::capture(&pod, &InpodRules {
-            dns_capture,
-            ..Default::default()
-        })?;
+        local_cluster::inpod::capture(
+            &pod,
+            &InpodRules {
+                dns_capture,
+                ..Default::default()
+            },
+        )?;
         let info = WorkloadInfo {
             name: pod.name.clone(),
             namespace: NAMESPACE.into(),
@@ -781,9 +786,9 @@ fn turning_dns_capture_on_captures_the_pods_existing_dns_flows() -> Result<()> {
         dns_capture: true,
         ..Default::default()
     };
-    client.ns.run_inside(|| {
-        cni_agent::redirect::enable_inpod(Mode::Iptables(Backend::detect()), &rules)
-    })??;
+    client
+        .ns
+        .run_inside(|| redirection::enable_inpod(Mode::Iptables(Backend::detect()), &rules))??;
     let after = ask_udp(
         &socket,
         upstream,

@@ -2,34 +2,38 @@
 //! and pods as namespaces (`test_support::topology`, node index 210), the real ztunnel in shared
 //! mode on our ZDS server, and pods enrolled through the CNI ADD handler.
 
-use cni_agent::cmdadd::EnrollOnAdd;
-use cni_agent::eligibility::Selection;
-use cni_agent::enroll::{EnrollConfig, Enroller};
-use cni_agent::kube::KubeCache;
-use cni_agent::metrics::Metrics;
-use cni_agent::queue::{Backoff, WorkQueue};
-use cni_agent::redirect::rules::{InpodRules, IpFamily};
-use cni_agent::redirect::save::SavedTables;
-use cni_agent::redirect::{Backend, Mode, Redirector};
-use cni_agent::uds::event::CmdAddHandler;
+use cni_agent::enrollment::cmdadd::EnrollOnAdd;
+use cni_agent::enrollment::eligibility::Selection;
+use cni_agent::enrollment::enroll::{Enroller, PodEnrollmentConfig};
+use cni_agent::enrollment::kube::KubeCache;
+use cni_agent::enrollment::queue::{Backoff, WorkQueue};
+use cni_agent::ops::metrics::Metrics;
+use cni_agent::plugin_api::event::CmdAddHandler;
 use cni_agent::zds::ZdsServer;
-use local_cluster::mesh;
-use test_support::topology::{Node, Pod};
-use test_support::poll::wait_for;
-use test_support::process::ChildGuard;
 use k8s_openapi::api::core::v1::{Namespace, Pod as KPod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use local_cluster::mesh;
+use redirection::rules::{InpodRules, IpFamily};
+use redirection::save::SavedTables;
+use redirection::{Backend, Mode, Redirector};
 use serde_json::json;
 use shared_types::cni::{CniPluginAddEvent, GoIpNet, PodIpConfig};
 use std::path::Path;
 use std::time::Duration;
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
+use test_support::topology::{Node, Pod};
 use tokio_util::sync::CancellationToken;
 
 const NS: &str = "shop";
 const DNS_CAPTURE: &str = "ambient.istio.io/dns-capture";
 
-fn root_gate() -> cni_agent::peer::PeerGate {
-    cni_agent::peer::PeerGate::new(cni_agent::peer::SOCKET_ZDS, 0, &Metrics::new())
+fn root_gate() -> cni_agent::plugin_api::peer::PeerGate {
+    cni_agent::plugin_api::peer::PeerGate::new(
+        cni_agent::plugin_api::peer::SOCKET_ZDS,
+        0,
+        &Metrics::new(),
+    )
 }
 
 fn owned_v4(pod: &Pod, backend: Backend) -> String {
@@ -181,7 +185,7 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
     assert!(cache.wait_synced().await);
     let backend = tokio::task::spawn_blocking(Backend::detect).await.unwrap();
     let enroller = Enroller::new(
-        EnrollConfig {
+        PodEnrollmentConfig {
             selection: Selection::default(),
             host_proc: "/proc".into(),
             netns_dir: "/var/run/netns".into(),
@@ -226,9 +230,12 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
     );
 
     // App traffic from the pod goes through ztunnel.
-    let mut sink = server_pod
-        .ns
-        .command(mesh::binary("e2e-app").unwrap().to_str().unwrap());
+    let mut sink = server_pod.ns.command(
+        test_support::built_binary("e2e-app")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+    );
     sink.args(["sink", "--listen", "0.0.0.0:9000"]);
     let _sink = ChildGuard::spawn("enr-sink", sink).unwrap();
     let target = format!("{}:9000", server_pod.ip);
@@ -271,7 +278,7 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
     let failure = events
         .items
         .iter()
-        .find(|e| e.reason.as_deref() == Some(cni_agent::enroll::FAILURE_EVENT_REASON))
+        .find(|e| e.reason.as_deref() == Some(cni_agent::enrollment::enroll::FAILURE_EVENT_REASON))
         .expect("an AmbientEnrollmentFailed event");
     assert_eq!(failure.involved_object.name.as_deref(), Some("late"));
     let metrics = enroller.metrics.encode();
@@ -391,7 +398,7 @@ async fn agent(client: &kube::Client, node: &str, sock: &Path, backend: Backend)
     let cache = KubeCache::start(client.clone(), node, changes, cancel.clone());
     assert!(cache.wait_synced().await);
     let enroller = Enroller::new(
-        EnrollConfig {
+        PodEnrollmentConfig {
             selection: Selection::default(),
             host_proc: "/proc".into(),
             netns_dir: "/var/run/netns".into(),
@@ -528,7 +535,7 @@ async fn running_pod_enrolled_by_namespace_label_then_restored_and_repaired_on_r
     let second = agent(&client, "node211", &second_sock, backend).await;
     wait_cache(&second.cache, "the annotation", |c| {
         c.cached_pod(&key)
-            .is_some_and(|p| cni_agent::enroll::is_annotated_enabled(&p))
+            .is_some_and(|p| mesh_kube::pod::is_redirected(&p))
     })
     .await;
     assert_eq!(second.enroller.restore(true).await, 1);

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use anyhow::Result;
 use bytes::Bytes;
-use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
-use test_support::netns::{link, Netns};
-use test_support::process::ChildGuard;
 use http::{Method, Request, StatusCode};
+use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use test_support::netns::{link, Netns};
+use test_support::process::ChildGuard;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use ztunnel::identity::{CertificateAuthority, Identity};
@@ -68,7 +68,7 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
         "15006",
     ])?;
     let ztunnel = mesh::start_dedicated_ztunnel(&server, "vms/server-vm/server", &ca_dir, &config)?;
-    let mut echo_cmd = server.command(mesh::binary("e2e-app")?.to_str().unwrap());
+    let mut echo_cmd = server.command(test_support::built_binary("e2e-app")?.to_str().unwrap());
     echo_cmd.args(["echo", "--listen", "0.0.0.0:9000"]);
     let _echo = ChildGuard::spawn("bad-echo", echo_cmd)?;
 
@@ -361,7 +361,7 @@ impl Pair {
         link(&client, "10.10.0.1/24", &server, "10.10.0.2/24")?;
         let ztunnel =
             mesh::start_dedicated_ztunnel(&server, "vms/server-vm/server", &ca_dir, &config_path)?;
-        let mut echo_cmd = server.command(mesh::binary("e2e-app")?.to_str().unwrap());
+        let mut echo_cmd = server.command(test_support::built_binary("e2e-app")?.to_str().unwrap());
         echo_cmd.args(["echo", "--listen", "0.0.0.0:9000"]);
         let echo = ChildGuard::spawn(&format!("{tag}-echo"), echo_cmd)?;
         Ok(Pair {

@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cni_agent::redirect::rules::InpodRules;
 use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
-use test_support::topology::{connect_nodes, Node, Pod};
+use local_cluster::zds_agent::FakeAgent;
+use redirection::rules::InpodRules;
+use shared_types::zds::WorkloadInfo;
 use test_support::poll::wait_for;
 use test_support::process::ChildGuard;
-use local_cluster::zds_agent::FakeAgent;
-use shared_types::zds::WorkloadInfo;
+use test_support::topology::{connect_nodes, Node, Pod};
 
 const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
 const SERVER: &str = "spiffe://cluster.local/ns/demo/sa/server";
@@ -157,7 +157,7 @@ impl Cluster {
             apps.push((only6, "sink", "[::]:9000".into()));
             apps.push((no_ipv6, "sink", "0.0.0.0:9000".into()));
         }
-        let app = mesh::binary("e2e-app")?;
+        let app = test_support::built_binary("e2e-app")?;
         let app = app.to_str().context("path")?;
         for (pod, mode, listen) in apps {
             let mut cmd = pod.ns.command(app);
@@ -289,7 +289,7 @@ fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
     let dump = mesh::http_get(&cluster.nodes[1].ns, "http://127.0.0.1:15000/config_dump")?;
     let file = cluster.dir.path().join("node2-dump.json");
     std::fs::write(&file, dump)?;
-    let out = std::process::Command::new(mesh::binary("istioctl-lite")?)
+    let out = std::process::Command::new(test_support::built_binary("istioctl-lite")?)
         .args(["ztunnel-config", "connections", "-f"])
         .arg(&file)
         .output()?;
@@ -331,7 +331,7 @@ fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
 
 /// One echo round trip from the client pod to `target`; whether it came back.
 fn echo_once(cluster: &Cluster, target: &str) -> Result<bool> {
-    let app = mesh::binary("e2e-app")?;
+    let app = test_support::built_binary("e2e-app")?;
     let app = app.to_str().context("path")?;
     let status = cluster
         .client
@@ -445,7 +445,7 @@ fn a_deleted_pod_is_drained_and_its_listeners_removed() -> Result<()> {
         return Ok(());
     }
     let cluster = Cluster::new("del")?;
-    let app = mesh::binary("e2e-app")?;
+    let app = test_support::built_binary("e2e-app")?;
     let mut cmd = cluster.client.ns.command(app.to_str().context("path")?);
     cmd.args([
         "ping",

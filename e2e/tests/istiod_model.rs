@@ -8,12 +8,13 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kube_apiserver_lite::{ApiServer, Control};
 use istiod_lite::model::{self, Options};
 use istiod_lite::xds::store::{Changes, ResourceStore};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service as KubeService};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
+use kube_apiserver_lite::{ApiServer, Control};
+use mesh_runtime::readiness::Readiness;
 use serde_json::json;
 use shared_types::istio::xds::{
     resource, DeltaDiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
@@ -21,7 +22,6 @@ use shared_types::istio::xds::{
 use tokio_util::sync::CancellationToken;
 use ztunnel::discovery::xds::Resources;
 use ztunnel::discovery::FirstSync;
-use ztunnel::readiness::Readiness;
 use ztunnel::state::{Action, Protocol, Scope, StateStore};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -81,7 +81,7 @@ async fn follow(
     resources: ResourceStore,
     mut model_synced: tokio::sync::watch::Receiver<bool>,
     ready: (
-        ztunnel::readiness::BlockReady,
+        mesh_runtime::readiness::BlockReady,
         tokio::sync::watch::Sender<bool>,
     ),
     state: StateStore,

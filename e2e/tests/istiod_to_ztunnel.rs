@@ -10,8 +10,8 @@ use istiod_lite::model::{build, Built, Options};
 use istiod_lite::xds::store::ResourceStore;
 use k8s_openapi::api::core::v1::{Pod, Service as KubeService};
 use kube::core::DynamicObject;
-use mesh_ca::Identity;
 use mesh_model::{ConnectionAttrs, Denied};
+use shared_types::identity::Identity;
 use shared_types::istio::xds::{
     resource, DeltaDiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };

@@ -8,7 +8,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube_apiserver_lite::{ApiServer, Control, Options};
 use istiod_lite::ca::authn::TokenAuthenticator;
 use istiod_lite::kube::pods::{watch_pods, PodIndex};
 use istiod_lite::server::{self, ServingCert};
@@ -19,6 +18,7 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::Client;
+use kube_apiserver_lite::{ApiServer, Control, Options};
 use mesh_ca::CertificateAuthority;
 use prost::Message;
 use serde_json::json;

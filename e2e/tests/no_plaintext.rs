@@ -18,9 +18,9 @@ use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use test_support::capture::{self, Capture, Captured, Flow};
-use local_cluster::{LocalCluster, MeshInstall, Topology};
 use local_cluster::mesh::metric_sum;
+use local_cluster::{LocalCluster, MeshInstall, Topology};
+use test_support::capture::{self, Capture, Captured, Flow};
 use test_support::poll::wait_for;
 use test_support::process::ChildGuard;
 
@@ -439,7 +439,8 @@ fn no_plaintext_between_enrolled_pods_through_enrollment_and_restarts() {
 
 /// How many pods node `i`'s ztunnel serves (its admin `/config_dump`), if it answers.
 fn served_pods(c: &LocalCluster, i: u8) -> Option<usize> {
-    let dump = local_cluster::mesh::http_get(&c.node(i).ns, "http://127.0.0.1:15000/config_dump").ok()?;
+    let dump =
+        local_cluster::mesh::http_get(&c.node(i).ns, "http://127.0.0.1:15000/config_dump").ok()?;
     let dump: serde_json::Value = serde_json::from_str(&dump).ok()?;
     dump["pods"].as_array().map(Vec::len)
 }
@@ -565,7 +566,10 @@ impl ControlPlaneBlock {
 
     fn start(c: &LocalCluster, i: u8) -> Self {
         assert_eq!(
-            (local_cluster::cluster::API_ADDR, local_cluster::cluster::ISTIOD_ADDR),
+            (
+                local_cluster::cluster::API_ADDR,
+                local_cluster::cluster::ISTIOD_ADDR
+            ),
             ("10.1.0.1:6443", "10.1.0.1:15012"),
             "the rules name the API server and istiod-lite"
         );

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
+use local_cluster::standalone::*;
 use test_support::netns::Netns;
 use test_support::poll::wait_for;
 use test_support::process::ChildGuard;
-use local_cluster::standalone::*;
 
 #[test]
 fn hundred_megabytes_cross_hbone_with_spiffe_identities() -> Result<()> {
@@ -109,7 +109,7 @@ fn deny_policy_closes_live_connections_and_is_counted() -> Result<()> {
         return Ok(());
     }
     let mesh = Standalone::new("s2")?;
-    let app = mesh::binary("e2e-app")?;
+    let app = test_support::built_binary("e2e-app")?;
     let mut cmd = mesh.a.command(app.to_str().unwrap());
     cmd.args([
         "ping",
@@ -199,14 +199,14 @@ fn capture_rules_apply_idempotently_and_remove_cleanly() -> Result<()> {
         return Ok(());
     }
     let ns = Netns::new("cap")?;
-    let ztunnel = mesh::binary("ztunnel")?;
+    let ztunnel = test_support::built_binary("ztunnel")?;
     let ztunnel = ztunnel.to_str().unwrap();
     let before = ns.stdout(&["iptables-save", "-t", "nat"])?;
     ns.exec(&[ztunnel, "capture", "apply", "--exclude-port", "22"])?;
     ns.exec(&[ztunnel, "capture", "apply", "--exclude-port", "22"])?;
     let rules = ns.stdout(&["iptables-save", "-t", "nat"])?;
     assert_eq!(
-        rules.matches("-A OUTPUT -p tcp -j ISTIO_OUTPUT").count(),
+        rules.matches("-A OUTPUT -j ISTIO_OUTPUT").count(),
         1,
         "{rules}"
     );
@@ -241,7 +241,7 @@ fn sigterm_drains_in_flight_connections_and_refuses_new_ones() -> Result<()> {
         return Ok(());
     }
     let mut mesh = Standalone::new("s3")?;
-    let app = mesh::binary("e2e-app")?;
+    let app = test_support::built_binary("e2e-app")?;
     // About 1.5 s of round trips: shorter than ztunnel's default 5 s drain deadline.
     let mut cmd = mesh.a.command(app.to_str().unwrap());
     cmd.args([
@@ -348,8 +348,8 @@ fn traffic_to_a_waypoint_bound_service_or_workload_is_refused() -> Result<()> {
 
 #[test]
 fn the_vms_dns_proxy_answers_mesh_services_on_the_host() -> Result<()> {
-    use local_cluster::dns::{addresses, ask_udp};
     use hickory_proto::rr::RecordType;
+    use local_cluster::dns::{addresses, ask_udp};
     use std::net::{IpAddr, SocketAddr, UdpSocket};
 
     if !test_support::can_run_root_tests() {
@@ -400,7 +400,7 @@ fn istioctl_lite_reads_a_live_ztunnels_config_dump() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("dump.json");
     std::fs::write(&file, &dump)?;
-    let istioctl = mesh::binary("istioctl-lite")?;
+    let istioctl = test_support::built_binary("istioctl-lite")?;
     let table = |section: &str| -> Result<Vec<Vec<String>>> {
         let out = std::process::Command::new(&istioctl)
             .args(["ztunnel-config", section, "-f"])
@@ -466,7 +466,11 @@ fn a_vm_whose_ca_is_unreachable_stays_up_unready_and_keeps_asking() -> Result<()
     let token = dir.path().join("istio-token");
     std::fs::write(&token, "not-a-real-token")?;
     let vm = Netns::new("nca")?;
-    let mut cmd = vm.command(mesh::binary("ztunnel")?.to_str().unwrap_or_default());
+    let mut cmd = vm.command(
+        test_support::built_binary("ztunnel")?
+            .to_str()
+            .unwrap_or_default(),
+    );
     cmd.env("PROXY_MODE", "dedicated")
         .env("PROXY_WORKLOAD_INFO", "vms/vm/vm")
         .env("XDS_ADDRESS", "")

@@ -1,13 +1,11 @@
 //! Wires istiod-lite's parts together and runs them until SIGTERM.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use anyhow::Context;
 use mesh_ca::CertificateAuthority;
-use shared_types::istio::ca::IstioCertificateServiceServer;
-use tokio::sync::watch;
+use shared_types::istio::ca_service::IstioCertificateServiceServer;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -19,34 +17,19 @@ use crate::kube::pods::{watch_pods, PodIndex};
 use crate::kube::{leader, root_publisher};
 use crate::metrics::Metrics;
 use crate::model;
-use crate::ops::{self, Ready};
+use crate::ops;
 use crate::server::{self, ServingCert};
 use crate::xds::grpc::AdsServer;
 use crate::xds::{self, AdsService, Connections, ResourceStore, XdsMetrics};
+use mesh_runtime::readiness::Readiness;
 
-/// Ready once the pod index and the model have synced: before that, every
-/// impersonation would be refused for want of knowing the pods, and ztunnels would
-/// be sent a partial mesh.
-struct Readiness {
-    pods: PodIndex,
-    model: watch::Receiver<bool>,
-    /// The serving certificate is loaded and 15012 bound: behind a Service, a
-    /// replica gets connections only once it can take them.
-    serving: Arc<AtomicBool>,
-}
-
-impl Ready for Readiness {
-    fn missing(&self) -> Option<String> {
-        if !self.pods.is_synced() {
-            return Some("the pod index has not synced yet".to_owned());
-        }
-        if !*self.model.borrow() {
-            return Some("the model has not listed every kind yet".to_owned());
-        }
-        (!self.serving.load(Ordering::Relaxed))
-            .then(|| "the gRPC port is not serving yet".to_owned())
-    }
-}
+/// Ready once the pod index and the model have synced (before that, every
+/// impersonation would be refused for want of knowing the pods, and ztunnels would be
+/// sent a partial mesh) and the gRPC port serves (behind a Service, a replica gets
+/// connections only once it can take them).
+const READY_POD_INDEX: &str = "the pod index";
+const READY_MODEL: &str = "the model's first list of every kind";
+const READY_GRPC: &str = "the gRPC port";
 
 /// Keeps `pilot_xds_resources{type}` at the store's counts.
 async fn count_resources(store: ResourceStore, metrics: Arc<Metrics>, shutdown: CancellationToken) {
@@ -86,8 +69,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .context("connecting to the Kubernetes API (in-cluster service account or KUBECONFIG)")?;
 
+    let readiness = Readiness::new();
+    readiness.block(READY_POD_INDEX);
+    readiness.block(READY_MODEL);
+    let grpc_ready = readiness.register(READY_GRPC);
+    ops::serve_readiness(config.ready_addr, readiness.clone(), shutdown.clone())
+        .with_context(|| format!("binding the readiness port {}", config.ready_addr))?;
+
     let pods = PodIndex::default();
     tokio::spawn(watch_pods(client.clone(), pods.clone(), shutdown.clone()));
+    tokio::spawn({
+        let (pods, readiness) = (pods.clone(), readiness.clone());
+        async move {
+            pods.wait_synced().await;
+            readiness.unblock(READY_POD_INDEX);
+        }
+    });
     // Work for one replica at a time: the root ConfigMap in every namespace.
     let leading = leader::start(
         client.clone(),
@@ -107,10 +104,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ));
 
     ops::serve_metrics(config.monitoring_addr, metrics.clone(), shutdown.clone())
-        .await
         .with_context(|| format!("binding the monitoring port {}", config.monitoring_addr))?;
     let resources = ResourceStore::default();
-    let model_synced = model::start(
+    let mut model_synced = model::start(
         client.clone(),
         model::Options {
             cluster_id: config.cluster_id.clone(),
@@ -126,15 +122,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics.clone(),
         shutdown.clone(),
     ));
-    let serving_grpc = Arc::new(AtomicBool::new(false));
-    let readiness = Arc::new(Readiness {
-        pods: pods.clone(),
-        model: model_synced,
-        serving: serving_grpc.clone(),
+    tokio::spawn({
+        let readiness = readiness.clone();
+        async move {
+            if model_synced.wait_for(|synced| *synced).await.is_ok() {
+                readiness.unblock(READY_MODEL);
+            }
+        }
     });
-    ops::serve_readiness(config.ready_addr, readiness, shutdown.clone())
-        .await
-        .with_context(|| format!("binding the readiness port {}", config.ready_addr))?;
 
     let authn = Arc::new(TokenAuthenticator::new(
         client.clone(),
@@ -172,9 +167,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         shutdown.clone(),
     )
     .context("issuing the serving certificate")?;
-    let listener = crate::listen::bind(config.grpc_addr)
+    let listener = mesh_runtime::listen::bind(config.grpc_addr)
         .with_context(|| format!("binding {}", config.grpc_addr))?;
-    serving_grpc.store(true, Ordering::Relaxed);
+    drop(grpc_ready);
     let incoming = server::incoming(listener, server::tls_acceptor(serving)?, shutdown.clone());
     info!(addr = %config.grpc_addr, trust_domain = %config.trust_domain, "istiod-lite serving the CA and xDS");
 

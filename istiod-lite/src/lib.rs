@@ -9,7 +9,6 @@ pub mod app;
 pub mod ca;
 pub mod config;
 pub mod kube;
-pub mod listen;
 pub mod metrics;
 pub mod model;
 pub mod ops;

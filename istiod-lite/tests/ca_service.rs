@@ -7,17 +7,19 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use kube_apiserver_lite::{write_kubeconfig, ApiServer, Control, Options};
-use test_support::poll::eventually;
-use test_support::poll::wait_for;
-use test_support::process::ChildGuard;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Client;
-use mesh_ca::{CertificateAuthority, CsrError, Identity};
+use kube_apiserver_lite::{write_kubeconfig, ApiServer, Control, Options};
+use mesh_ca::{CertificateAuthority, CsrError};
 use serde_json::json;
-use shared_types::istio::ca::{IstioCertificateRequest, IstioCertificateServiceClient};
+use shared_types::identity::Identity;
+use shared_types::istio::ca::IstioCertificateRequest;
+use shared_types::istio::ca_service::IstioCertificateServiceClient;
+use test_support::poll::eventually;
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 use tonic::{Code, Status};
 

@@ -6,17 +6,17 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
-use kube_apiserver_lite::{write_kubeconfig, ApiServer, Control, Options};
-use test_support::poll::eventually;
-use test_support::poll::wait_for;
-use test_support::process::ChildGuard;
 use istiod_lite::kube::leader::{self, Settings, NAMESPACE_CONTROLLER_LEASE};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, PostParams};
 use kube::Client;
+use kube_apiserver_lite::{write_kubeconfig, ApiServer, Control, Options};
 use mesh_ca::CertificateAuthority;
 use serde_json::json;
+use test_support::poll::eventually;
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -140,7 +140,9 @@ async fn replica(pod: &str, dir: &std::path::Path, kubeconfig: &std::path::Path)
     let ready = std::net::SocketAddr::from(([127, 0, 0, 1], ready));
     // Blocking waits run off the runtime: the API server is served on it.
     tokio::task::spawn_blocking(move || {
-        match wait_for("replica ready", WAIT, || test_support::http::get_ok(ready, "/ready")) {
+        match wait_for("replica ready", WAIT, || {
+            test_support::http::get_ok(ready, "/ready")
+        }) {
             Ok(_) => guard,
             Err(e) => panic!("{e}\n{}", guard.log()),
         }

@@ -23,9 +23,11 @@ pub fn save<'a>(
         .map(|(group, plural, object)| json!({"group": group, "plural": plural, "object": object}))
         .collect();
     let doc = json!({"resourceVersion": resource_version.to_string(), "objects": objects});
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&doc).map_err(Error::other)?)?;
-    std::fs::rename(&tmp, path)
+    mesh_runtime::fs::write_atomic(
+        path,
+        &serde_json::to_vec(&doc).map_err(Error::other)?,
+        0o600,
+    )
 }
 
 /// Changes the journal holds before the next write compacts it into the snapshot.

@@ -71,11 +71,7 @@ async fn serve(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
         .unwrap_or(10250);
     let mut query: Vec<String> = FORWARDED
         .iter()
-        .filter_map(|k| {
-            ctx.query
-                .get(k)
-                .map(|v| format!("{k}={}", query_escape(v)))
-        })
+        .filter_map(|k| ctx.query.get(k).map(|v| format!("{k}={}", query_escape(v))))
         .collect();
     query.sort();
     let path = format!(

@@ -3,6 +3,7 @@
 //! `RequireDualStack`), `spec.ipFamilies` and `spec.clusterIPs`, against the
 //! cluster's Service ranges (`--service-cluster-ip-range`, primary family first).
 
+use shared_types::net::IpFamily;
 use std::collections::HashSet;
 use std::net::IpAddr;
 
@@ -17,38 +18,6 @@ pub const DEFAULT_RANGE: &str = "10.96.0.0/16";
 const FIRST_OFFSET: u128 = 11;
 /// How far into a range allocation looks (a test cluster never has more Services).
 const MAX_OFFSET: u128 = 65_535;
-
-/// An IP family as the Service API names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    fn name(self) -> &'static str {
-        match self {
-            Family::V4 => "IPv4",
-            Family::V6 => "IPv6",
-        }
-    }
-
-    fn parse(name: &str) -> Option<Self> {
-        match name {
-            "IPv4" => Some(Family::V4),
-            "IPv6" => Some(Family::V6),
-            _ => None,
-        }
-    }
-
-    fn of(ip: &IpAddr) -> Self {
-        if ip.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        }
-    }
-}
 
 /// The cluster's Service ranges, primary first; at most one per family.
 #[derive(Debug, Clone)]
@@ -78,12 +47,12 @@ impl std::str::FromStr for ServiceRanges {
 }
 
 impl ServiceRanges {
-    fn range(&self, family: Family) -> Option<&IpNet> {
-        self.0.iter().find(|r| Family::of(&r.addr()) == family)
+    fn range(&self, family: IpFamily) -> Option<&IpNet> {
+        self.0.iter().find(|r| IpFamily::of(&r.addr()) == family)
     }
 
-    fn primary(&self) -> Family {
-        Family::of(&self.0[0].addr())
+    fn primary(&self) -> IpFamily {
+        IpFamily::of(&self.0[0].addr())
     }
 
     fn dual_stack(&self) -> bool {
@@ -147,12 +116,12 @@ impl ServiceRanges {
             Some(list) => list
                 .iter()
                 .map(|f| {
-                    f.as_str().and_then(Family::parse).ok_or_else(|| {
+                    f.as_str().and_then(IpFamily::from_kube_name).ok_or_else(|| {
                         invalid(format!("spec.ipFamilies: Unsupported value: {f}: supported values: \"IPv4\", \"IPv6\""))
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?,
-            None => given_ips.iter().map(Family::of).collect(),
+            None => given_ips.iter().map(IpFamily::of).collect(),
         };
         if families.is_empty() {
             families.push(self.primary());
@@ -173,18 +142,18 @@ impl ServiceRanges {
             ));
         }
         if policy != "SingleStack" && self.dual_stack() && families.len() == 1 {
-            let other = if families[0] == Family::V4 {
-                Family::V6
+            let other = if families[0] == IpFamily::V4 {
+                IpFamily::V6
             } else {
-                Family::V4
+                IpFamily::V4
             };
             families.push(other);
         }
         for (family, ip) in families.iter().zip(&given_ips) {
-            if Family::of(ip) != *family {
+            if IpFamily::of(ip) != *family {
                 return Err(invalid(format!(
                     "spec.clusterIPs: Invalid value: {ip:?}: expected an {} address",
-                    family.name()
+                    family.kube_name()
                 )));
             }
         }
@@ -197,7 +166,7 @@ impl ServiceRanges {
                 let range = self.range(*family).ok_or_else(|| {
                     invalid(format!(
                         "spec.ipFamilies[{i}]: Invalid value: \"{}\": not configured on this cluster",
-                        family.name()
+                        family.kube_name()
                     ))
                 })?;
                 let ip = match given_ips.get(i) {
@@ -209,7 +178,7 @@ impl ServiceRanges {
                 cluster_ips.push(ip);
             }
         }
-        let families: Vec<&str> = families.iter().map(|f| f.name()).collect();
+        let families: Vec<&str> = families.iter().map(|f| f.kube_name()).collect();
         if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
             spec.insert("ipFamilyPolicy".into(), json!(policy));
             spec.insert("ipFamilies".into(), json!(families));

@@ -12,7 +12,6 @@
 //! state file, kept beside it so tokens stay valid across restarts.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -267,17 +266,7 @@ fn load_key(path: &Path) -> std::io::Result<rcgen::KeyPair> {
 
 /// Writes the key readable by its owner only, via a temporary file (never half a key).
 fn save_key(path: &Path, key: &rcgen::KeyPair) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("key.tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(key.serialize_pem().as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
+    mesh_runtime::fs::write_atomic_with_mode(path, key.serialize_pem().as_bytes(), 0o600)
 }
 
 /// Go's `%q` of a string slice (`["a" "b"]`), as the real error messages print audiences.

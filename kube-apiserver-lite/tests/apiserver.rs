@@ -5,16 +5,14 @@
 
 mod support;
 
-use test_support::poll::eventually;
 use support::*;
+use test_support::poll::eventually;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use kube_apiserver_lite::{write_kubeconfig, Options};
-use test_support::process::ChildGuard;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{
@@ -23,7 +21,9 @@ use kube::api::{
 };
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
+use kube_apiserver_lite::{write_kubeconfig, Options};
 use serde_json::json;
+use test_support::process::ChildGuard;
 use tokio::sync::{mpsc, watch as state_channel};
 
 async fn client_from_kubeconfig(path: &Path) -> Client {

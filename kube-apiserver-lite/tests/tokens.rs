@@ -12,13 +12,13 @@ use std::process::Command;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use kube_apiserver_lite::{write_kubeconfig, Options, DEFAULT_ISSUER};
-use test_support::process::ChildGuard;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenReviewStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::Client;
+use kube_apiserver_lite::{write_kubeconfig, Options, DEFAULT_ISSUER};
 use serde_json::{json, Value};
+use test_support::process::ChildGuard;
 
 const NS: &str = "default";
 

@@ -248,7 +248,11 @@ impl ControlPlane {
             node_if,
         ])?;
         if ipv6 {
-            test_support::netns::add_addr(node, &format!("{CLUSTER_NET6_PREFIX}{host:x}/64"), node_if)?;
+            test_support::netns::add_addr(
+                node,
+                &format!("{CLUSTER_NET6_PREFIX}{host:x}/64"),
+                node_if,
+            )?;
         }
         node.exec(&["ip", "link", "set", node_if, "up"])?;
         self.ns

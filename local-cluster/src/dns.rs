@@ -324,7 +324,11 @@ impl Upstream {
             &format!("{UPSTREAM_IP}/30"),
         )?;
         ns.exec(&["ip", "route", "add", "default", "via", UPSTREAM_GATEWAY])?;
-        let mut cmd = ns.command(test_support::built_binary("e2e-app")?.to_str().context("path")?);
+        let mut cmd = ns.command(
+            test_support::built_binary("e2e-app")?
+                .to_str()
+                .context("path")?,
+        );
         cmd.args(["dns", "--listen", "0.0.0.0:53"]);
         if log_queries {
             cmd.arg("--log-queries");

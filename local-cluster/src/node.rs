@@ -7,13 +7,13 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::api::Api;
+use crate::cluster::SYSTEM_NAMESPACE;
 use crate::control_plane::{CLUSTER_NET6_PREFIX, CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST};
 use crate::kubelet::cni;
 use crate::kubelet::projected::{ProjectedConfigMap, ProjectedToken, Projector};
-use test_support::owner::{cluster_marker, OWNER_ENV};
-use crate::cluster::SYSTEM_NAMESPACE;
 use test_support::built_binary as binary;
 use test_support::netns::Netns;
+use test_support::owner::{cluster_marker, OWNER_ENV};
 use test_support::poll::wait_for;
 use test_support::process::ChildGuard;
 
@@ -196,9 +196,11 @@ impl Node {
     /// (Re)writes the primary CNI's config, as a CNI installer would on its start.
     pub fn write_bridge_conflist(&self) -> Result<()> {
         let list = cni::bridge_conflist(self.index, self.dual_stack, &self.dir.join("ipam"));
-        let tmp = self.conf_dir().join(".bridge.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&list)?)?;
-        std::fs::rename(&tmp, self.conf_dir().join(BRIDGE_CONFLIST))?;
+        mesh_runtime::fs::write_atomic(
+            &self.conf_dir().join(BRIDGE_CONFLIST),
+            &serde_json::to_vec_pretty(&list)?,
+            0o644,
+        )?;
         Ok(())
     }
 

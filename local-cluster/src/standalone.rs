@@ -124,7 +124,7 @@ impl Standalone {
             &config,
             ztunnel_env,
         )?;
-        let ztunnel = mesh::binary("ztunnel")?;
+        let ztunnel = test_support::built_binary("ztunnel")?;
         let (direct_sink, direct_echo) =
             (DIRECT_SINK_PORT.to_string(), DIRECT_ECHO_PORT.to_string());
         let capture = [
@@ -141,7 +141,7 @@ impl Standalone {
         a.exec(&capture)?;
         a.exec(&[&capture[..], &["--ipv6"]].concat())?;
 
-        let app = mesh::binary("e2e-app")?;
+        let app = test_support::built_binary("e2e-app")?;
         let mut apps = Vec::new();
         for (mode, port) in [
             ("sink", SINK_PORT),
@@ -185,9 +185,7 @@ impl Standalone {
 
     /// Replaces the whole local config (both ztunnels read it), write-then-rename.
     pub fn set_config(&self, yaml: &str) -> Result<()> {
-        let tmp = self.config.with_extension("tmp");
-        std::fs::write(&tmp, yaml)?;
-        std::fs::rename(&tmp, &self.config)?;
+        mesh_runtime::fs::write_atomic(&self.config, yaml.as_bytes(), 0o644)?;
         Ok(())
     }
 }

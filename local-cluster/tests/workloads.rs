@@ -7,10 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use local_cluster::controllers::ready;
 use local_cluster::cluster::LocalCluster;
-use test_support::poll::wait_for;
+use local_cluster::controllers::ready;
 use serde_json::Value;
+use test_support::poll::wait_for;
 
 const T: Duration = Duration::from_secs(20);
 const NS: &str = "wl";

@@ -1,9 +1,18 @@
 //! Tests of the mesh CA: loading each key kind, minting, and the error messages.
 
 use super::*;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use crate::plugin_files::{CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE, ROOT_CERT_FILE};
+use crate::validity::unix_secs;
+use crate::CaError;
 use rsa::pkcs1::EncodeRsaPrivateKey;
 use rsa::pkcs8::{EncodePrivateKey, LineEnding};
+use rustls::pki_types::pem::PemObject;
 use x509_parser::extensions::GeneralName;
+use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 

@@ -13,7 +13,7 @@ use x509_parser::oid_registry::{OID_EC_P256, OID_NIST_EC_P384};
 use x509_parser::prelude::FromDer;
 use x509_parser::public_key::PublicKey;
 
-use crate::Identity;
+use shared_types::identity::Identity;
 
 /// A PEM CSR for one SPIFFE id is well under 1 KiB; 16 KiB leaves room for RSA-4096
 /// and refuses anything meant to make the CA burn memory or time.

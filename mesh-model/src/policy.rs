@@ -13,7 +13,7 @@ use serde::ser::{SerializeTupleVariant, Serializer};
 use serde::{Deserialize, Serialize};
 
 use super::serde_util::{cidr_list, null_as_default};
-use mesh_ca::Identity;
+use shared_types::identity::Identity;
 
 /// A string matcher, written in YAML as a tag: `!Exact a`, `!Prefix a`, `!Suffix a`,
 /// `!Presence` (any non-empty value). The map form `{Exact: a}` and JSON are accepted too.

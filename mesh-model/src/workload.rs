@@ -12,12 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::serde_util::{is_default, null_as_default, service_port_maps};
 use super::service::{NamespacedHostname, NetworkAddress};
-use mesh_ca::Identity;
-
-/// Trust domain used when a workload does not name one (Istio's default).
-pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
-/// Service account used when a workload does not name one (Kubernetes' default).
-pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+use shared_types::constants::{DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN};
+use shared_types::identity::Identity;
 
 /// How a workload accepts inbound traffic: HBONE (it is in the mesh) or plain TCP.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -254,8 +250,11 @@ impl Workload {
         if !self.uid.is_empty() {
             return self.uid.clone();
         }
-        let cluster = non_empty_or(&self.cluster_id, "Kubernetes");
-        format!("{cluster}//Pod/{}/{}", self.namespace, self.name)
+        pod_uid(
+            &non_empty_or(&self.cluster_id, "Kubernetes"),
+            &self.namespace,
+            &self.name,
+        )
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -290,6 +289,11 @@ fn non_empty_or(value: &str, default: &str) -> String {
     } else {
         value.to_string()
     }
+}
+
+/// Istio's uid of a pod's workload: `<cluster>//Pod/<namespace>/<name>`.
+pub fn pod_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
+    format!("{cluster_id}//Pod/{namespace}/{name}")
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ pub const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
 
 pub const SYSTEM_NAMESPACE: &str = "istio-system";
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// The service account of a pod that names none.
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
 
 /// Outbound capture inside each pod netns.
 pub const OUTBOUND_CAPTURE_PORT: u16 = 15001;

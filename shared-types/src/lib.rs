@@ -4,8 +4,10 @@
 pub mod cni;
 pub mod constants;
 pub mod duration;
-#[cfg(feature = "grpc")]
+pub mod identity;
+#[cfg(feature = "istio")]
 pub mod istio;
+pub mod net;
 pub mod zds;
 #[cfg(feature = "zds-transport")]
 pub mod zds_transport;

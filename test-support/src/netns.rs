@@ -100,9 +100,9 @@ impl Netns {
         let dir = self.etc_dir();
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         // Write-then-rename: a process starting now sees the old file or the new one.
-        let tmp = dir.join(".resolv.conf.tmp");
-        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, dir.join("resolv.conf"))?;
+        let mut file = tempfile::NamedTempFile::new_in(&dir)?;
+        std::io::Write::write_all(&mut file, text.as_bytes())?;
+        file.persist(dir.join("resolv.conf"))?;
         Ok(())
     }
 

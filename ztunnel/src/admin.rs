@@ -8,10 +8,10 @@ use http::{Method, StatusCode};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::http::{json as json_response, text, SimpleRequest, SimpleResponse};
 use crate::identity::{SecretManager, WorkloadCertificate};
 use crate::state::StateStore;
 use crate::telemetry::LogHandle;
+use mesh_runtime::http_server::{json as json_response, text, Request, Response};
 
 /// What the admin server reads and controls.
 #[derive(Clone)]
@@ -28,7 +28,7 @@ pub struct Admin {
 }
 
 impl Admin {
-    pub async fn handle(&self, request: SimpleRequest) -> SimpleResponse {
+    pub async fn handle(&self, request: Request) -> Response {
         match (request.method.clone(), request.path.as_str()) {
             (Method::GET, "/config_dump") => json_response(&self.config_dump()),
             (_, "/logging") => self.logging(&request),
@@ -66,7 +66,7 @@ impl Admin {
         Value::Object(dump)
     }
 
-    fn logging(&self, request: &SimpleRequest) -> SimpleResponse {
+    fn logging(&self, request: &Request) -> Response {
         let Some(logging) = &self.logging else {
             return text(
                 StatusCode::NOT_IMPLEMENTED,
@@ -166,11 +166,12 @@ mod tests {
         }
     }
 
-    fn request(method: Method, path: &str, query: Option<&str>) -> SimpleRequest {
-        SimpleRequest {
+    fn request(method: Method, path: &str, query: Option<&str>) -> Request {
+        Request {
             method,
             path: path.into(),
             query: query.map(str::to_owned),
+            headers: Default::default(),
             body: Bytes::new(),
         }
     }

@@ -15,10 +15,8 @@ use crate::discovery::local::watch_local_file;
 use crate::discovery::{xds, FirstSync};
 use crate::dns::DnsProxy;
 use crate::drain::Drain;
-use crate::http;
 use crate::identity::caclient::CaClient;
 use crate::identity::{CertificateAuthority, CertificateSource, Identity, SecretManager};
-use crate::inpod::netns::NetnsSwitch;
 use crate::inpod::run_zds_client;
 use crate::inpod::statemanager::{PodProxies, PodRegistry, SharedInputs};
 use crate::metrics::Metrics;
@@ -26,10 +24,12 @@ use crate::proxy::connections::ConnectionManager;
 use crate::proxy::{
     check_local_node, ListenAddrs, Listeners, LocalWorkload, OwnPorts, ProxyInputs,
 };
-use crate::readiness::{BlockReady, Readiness};
 use crate::socket::{LocalSocketFactory, SocketFactory};
 use crate::state::StateStore;
 use crate::telemetry::LogHandle;
+use mesh_runtime::http_server::{self, Handler, Limits, Request, Server};
+use mesh_runtime::netns::NetnsSwitch;
+use mesh_runtime::readiness::{BlockReady, Readiness};
 
 /// Runs ztunnel until SIGTERM, SIGINT or `/quitquitquit`, then drains.
 pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
@@ -355,53 +355,46 @@ async fn serve_operations(
     };
     let ipv6 = config.ipv6_enabled;
     let listeners = bind(config.admin_addr, ipv6, "admin").await?;
-    spawn_server(listeners, shutdown, move |req| {
+    spawn_server(listeners, shutdown, move |req: Request| {
         let admin = admin.clone();
         async move { admin.handle(req).await }
     });
 
     let listeners = bind(config.metrics_addr, ipv6, "metrics").await?;
     let metrics = metrics.clone();
-    spawn_server(listeners, shutdown, move |req| {
+    spawn_server(listeners, shutdown, move |req: Request| {
         let metrics = metrics.clone();
         async move {
             match req.path.as_str() {
-                "/metrics" | "/stats/prometheus" => {
-                    let mut response = http::text(::http::StatusCode::OK, metrics.encode());
-                    response.headers_mut().insert(
-                        ::http::header::CONTENT_TYPE,
-                        ::http::HeaderValue::from_static(
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        ),
-                    );
-                    response
-                }
-                _ => http::text(::http::StatusCode::NOT_FOUND, "not found\n"),
+                "/metrics" | "/stats/prometheus" => http_server::prometheus(metrics.encode()),
+                path => http_server::not_found(path),
             }
         }
     });
 
     let listeners = bind(config.readiness_addr, ipv6, "readiness").await?;
     let readiness = readiness.clone();
-    spawn_server(listeners, shutdown, move |req| {
+    spawn_server(listeners, shutdown, move |req: Request| {
         let readiness = readiness.clone();
-        async move { readiness.handle(req).await }
+        async move {
+            match req.path.as_str() {
+                "/healthz/ready" => readiness.response(),
+                path => http_server::not_found(path),
+            }
+        }
     });
     Ok(())
 }
 
 /// Serves `handler` on each listener of one server (one per address family).
-fn spawn_server<H, F>(listeners: Vec<TcpListener>, shutdown: &CancellationToken, handler: H)
-where
-    H: Fn(http::SimpleRequest) -> F + Send + Sync + 'static,
-    F: std::future::Future<Output = http::SimpleResponse> + Send + 'static,
-{
-    let handler = Arc::new(handler);
+fn spawn_server<H: Handler + Clone>(
+    listeners: Vec<TcpListener>,
+    shutdown: &CancellationToken,
+    handler: H,
+) {
     for listener in listeners {
-        let handler = handler.clone();
-        tokio::spawn(http::serve(listener, shutdown.clone(), move |req| {
-            handler(req)
-        }));
+        let server = Server::new(handler.clone(), Limits::default(), shutdown.clone());
+        tokio::spawn(server.serve_tcp(listener));
     }
 }
 

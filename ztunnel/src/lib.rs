@@ -8,7 +8,6 @@
 
 pub mod admin;
 pub mod app;
-pub mod capture;
 pub mod config;
 pub mod control_plane;
 pub mod discovery;
@@ -16,12 +15,10 @@ pub mod dns;
 pub mod drain;
 pub mod fdtable;
 pub mod hbone;
-pub mod http;
 pub mod identity;
 pub mod inpod;
 pub mod metrics;
 pub mod proxy;
-pub mod readiness;
 pub mod socket;
 pub mod state;
 pub mod telemetry;

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use ztunnel::capture::{Family, HostCapture};
+use redirection::host_capture::HostCapture;
+use redirection::iptables::{self, Backend};
+use shared_types::net::IpFamily;
 use ztunnel::config::Config;
 use ztunnel::identity::CertificateAuthority;
 
@@ -57,7 +59,29 @@ enum CaptureAction {
     Remove {
         #[arg(long)]
         ipv6: bool,
+        #[command(flatten)]
+        backend: BackendArg,
     },
+}
+
+#[derive(clap::Args)]
+struct BackendArg {
+    /// The iptables backend: `nft`, `legacy`, or `auto` (the one the host's rules use).
+    #[arg(
+        long = "iptables-backend",
+        env = "IPTABLES_BACKEND",
+        default_value = "auto"
+    )]
+    iptables_backend: String,
+}
+
+impl BackendArg {
+    fn resolve(&self) -> anyhow::Result<Backend> {
+        Ok(match self.iptables_backend.as_str() {
+            "auto" => Backend::detect(),
+            other => other.parse()?,
+        })
+    }
 }
 
 #[derive(clap::Args)]
@@ -76,17 +100,27 @@ struct CaptureArgs {
     /// Also (or only) for IPv6, via ip6tables.
     #[arg(long)]
     ipv6: bool,
+    #[command(flatten)]
+    backend: BackendArg,
 }
 
 impl CaptureArgs {
-    fn rules(&self) -> (HostCapture, Family) {
+    fn rule_set(&self) -> redirection::RuleSet {
         let capture = HostCapture {
             mark: self.mark,
             exclude_cidrs: self.exclude_cidrs.clone(),
             exclude_ports: self.exclude_ports.clone(),
             inbound_ports: self.inbound_ports.clone(),
         };
-        (capture, if self.ipv6 { Family::V6 } else { Family::V4 })
+        capture.rule_set(family(self.ipv6))
+    }
+}
+
+fn family(ipv6: bool) -> IpFamily {
+    if ipv6 {
+        IpFamily::V6
+    } else {
+        IpFamily::V4
     }
 }
 
@@ -111,21 +145,19 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::Capture { action }) => match action {
             CaptureAction::Print(args) => {
-                let (capture, family) = args.rules();
-                print!("{}", capture.render(family, true));
+                print!("{}", args.rule_set().render());
                 Ok(())
             }
             CaptureAction::Apply(args) => {
-                let (capture, family) = args.rules();
-                capture.apply(family)?;
+                iptables::apply(args.backend.resolve()?, &args.rule_set())?;
                 println!(
                     "outbound TCP now goes through ztunnel (chain {})",
-                    ztunnel::capture::OUTPUT_CHAIN
+                    redirection::rules::CHAIN_OUTPUT
                 );
                 Ok(())
             }
-            CaptureAction::Remove { ipv6 } => {
-                HostCapture::remove(if ipv6 { Family::V6 } else { Family::V4 })?;
+            CaptureAction::Remove { ipv6, backend } => {
+                iptables::remove(backend.resolve()?, &HostCapture::removal(family(ipv6)))?;
                 println!("capture rules removed");
                 Ok(())
             }

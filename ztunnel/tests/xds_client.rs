@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mesh_ca::CertificateAuthority;
+use mesh_runtime::readiness::Readiness;
 use prost::Message;
 use rustls::pki_types::PrivateKeyDer;
 use shared_types::istio::security as pb_sec;
@@ -25,7 +26,6 @@ use tonic::{Request, Response, Status, Streaming};
 use ztunnel::control_plane::{ControlPlaneConfig, TokenSource};
 use ztunnel::discovery::xds::{self, NodeIdentity, XdsConfig, XdsMetrics};
 use ztunnel::discovery::FirstSync;
-use ztunnel::readiness::Readiness;
 use ztunnel::state::{Action, StateStore};
 
 const WAIT: Duration = Duration::from_secs(10);

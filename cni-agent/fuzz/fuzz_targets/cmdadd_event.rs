@@ -5,7 +5,7 @@
 
 #![no_main]
 
-use cni_agent::uds::event::validate;
+use cni_agent::plugin_api::event::validate;
 use libfuzzer_sys::fuzz_target;
 use shared_types::cni::CniPluginAddEvent;
 

@@ -7,9 +7,9 @@
 
 #![no_main]
 
-use cni_agent::redirect::nft::ruleset::{inpod_tables, rule_exprs};
-use cni_agent::redirect::nft::wire::{parse_attrs, parse_replies, Attr, Value};
-use cni_agent::redirect::rules::InpodRules;
+use redirection::nft::ruleset::{inpod_tables, rule_exprs};
+use redirection::nft::wire::{parse_attrs, parse_replies, Attr, Value};
+use redirection::rules::InpodRules;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
 /// One attribute as the kernel would put it on the wire.
 fn encode(attr: &Attr) -> Vec<u8> {
     let msg =
-        cni_agent::redirect::nft::wire::encode_message(0, 0, 0, 0, std::slice::from_ref(attr));
+        redirection::nft::wire::encode_message(0, 0, 0, 0, std::slice::from_ref(attr));
     // Skip nlmsghdr (16) and nfgenmsg (4).
     msg[20..].to_vec()
 }

@@ -4,7 +4,7 @@
 
 #![no_main]
 
-use cni_agent::uds::log::{emit, map_level, parse_batch};
+use cni_agent::plugin_api::log::{emit, map_level, parse_batch};
 use libfuzzer_sys::fuzz_target;
 use shared_types::cni::PluginLogEntry;
 

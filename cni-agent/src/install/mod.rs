@@ -9,8 +9,8 @@
 pub mod conflist;
 pub mod watch;
 
-use crate::fsutil;
 use conflist::{ConfFile, PluginSettings};
+use mesh_runtime::fs::{copy_atomic, ensure_dir, remove_if_exists, write_atomic};
 use serde_json::Value;
 use std::ffi::OsString;
 use std::fs;
@@ -186,9 +186,9 @@ impl Installer {
             Err(e) => return Err(io_err("reading", &target)(e)),
         };
         if write {
-            fsutil::ensure_dir(&self.config.bin_dir, DIR_MODE)
+            ensure_dir(&self.config.bin_dir, DIR_MODE)
                 .map_err(io_err("creating", &self.config.bin_dir))?;
-            fsutil::copy_atomic(source, &target, BINARY_MODE)
+            copy_atomic(source, &target, BINARY_MODE)
                 .map_err(io_err("installing the plugin binary to", &target))?;
         }
         *verified = Stamp::of(source).zip(Stamp::of(&target));
@@ -220,7 +220,7 @@ impl Installer {
         let mut changes = Changes::default();
         if !same_document(&target, &wanted) {
             let mode = file_mode(&primary.path).unwrap_or(CONFIG_MODE);
-            fsutil::write_atomic(&target, &conflist::render(&wanted), mode)
+            write_atomic(&target, &conflist::render(&wanted), mode)
                 .map_err(io_err("writing", &target))?;
             changes.written.push(target.clone());
             let first = scan.files.first().filter(|f| f.path < target);
@@ -235,9 +235,7 @@ impl Installer {
         // A wrapped `.conf` goes away, or the runtime would keep using it (it sorts
         // before the `.conflist` of the same name).
         let wrapped = self.owned_path().is_none() && primary.path != target;
-        if wrapped
-            && fsutil::remove_if_exists(&primary.path).map_err(io_err("removing", &primary.path))?
-        {
+        if wrapped && remove_if_exists(&primary.path).map_err(io_err("removing", &primary.path))? {
             changes.removed.push(primary.path.clone());
         }
         Ok(changes)
@@ -263,7 +261,7 @@ impl Installer {
     pub fn uninstall(&self) -> Result<Changes, InstallError> {
         let mut changes = Changes::default();
         if let Some(owned) = self.owned_path() {
-            if fsutil::remove_if_exists(&owned).map_err(io_err("removing", &owned))? {
+            if remove_if_exists(&owned).map_err(io_err("removing", &owned))? {
                 changes.removed.push(owned);
             }
         }
@@ -277,7 +275,7 @@ impl Installer {
             self.remove_entry(file, &mut changes)?;
         }
         let binary = self.plugin_path();
-        if fsutil::remove_if_exists(&binary).map_err(io_err("removing", &binary))? {
+        if remove_if_exists(&binary).map_err(io_err("removing", &binary))? {
             changes.removed.push(binary);
         }
         Ok(changes)
@@ -290,11 +288,11 @@ impl Installer {
         let empty = rest["plugins"].as_array().is_none_or(Vec::is_empty);
         if empty {
             // A chain of only istio-cni is not a network; leaving it would break pods.
-            if fsutil::remove_if_exists(&file.path).map_err(io_err("removing", &file.path))? {
+            if remove_if_exists(&file.path).map_err(io_err("removing", &file.path))? {
                 changes.removed.push(file.path.clone());
             }
         } else {
-            fsutil::write_atomic(&file.path, &conflist::render(&rest), CONFIG_MODE)
+            write_atomic(&file.path, &conflist::render(&rest), CONFIG_MODE)
                 .map_err(io_err("writing", &file.path))?;
             changes.written.push(file.path.clone());
         }

@@ -5,7 +5,7 @@
 //! component keeps undoing our change (two writers fighting over one file).
 
 use super::{InstallError, Installer};
-use crate::readiness::Readiness;
+use mesh_runtime::readiness::Readiness;
 use notify::{Event, EventKind, RecursiveMode, Watcher};
 use std::collections::VecDeque;
 use std::path::Path;
@@ -112,7 +112,7 @@ pub async fn run(
     readiness.block(READY_CNI_CONFIG);
     let config = installer.config().clone();
     for dir in [&config.conf_dir, &config.bin_dir] {
-        crate::fsutil::ensure_dir(dir, 0o755).map_err(|source| WatchError::CreateDir {
+        mesh_runtime::fs::ensure_dir(dir, 0o755).map_err(|source| WatchError::CreateDir {
             path: dir.clone(),
             source,
         })?;

@@ -28,9 +28,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::fsutil;
-use crate::peer::PeerGate;
-use crate::redirect::NetnsHandle;
+use crate::plugin_api::peer::PeerGate;
+use mesh_runtime::fs::bind_private;
+use mesh_runtime::netns::NetnsHandle;
 
 /// The ZDS socket's mode: ztunnel runs as root (or as the configured uid, which then
 /// owns the socket).
@@ -125,7 +125,7 @@ impl ZdsServer {
             // as it is; the socket's own mode and the peer check are the locks.
             std::fs::create_dir_all(parent)?;
         }
-        let listener = fsutil::bind_private(
+        let listener = bind_private(
             path,
             ZDS_SOCKET_MODE,
             gate.socket_owner(),

@@ -81,7 +81,11 @@ async fn start(timeout: Duration) -> (tempfile::TempDir, ZdsServer, Cancellation
     let dir = tempfile::tempdir().unwrap();
     // SAFETY: geteuid has no preconditions.
     let us = unsafe { libc::geteuid() };
-    let gate = PeerGate::new(crate::peer::SOCKET_ZDS, us, &crate::metrics::Metrics::new());
+    let gate = PeerGate::new(
+        crate::plugin_api::peer::SOCKET_ZDS,
+        us,
+        &crate::ops::metrics::Metrics::new(),
+    );
     let server =
         ZdsServer::bind_with_timeout(&dir.path().join("sub/ztunnel.sock"), timeout, gate).unwrap();
     let cancel = CancellationToken::new();

@@ -13,10 +13,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Plugin socket access admitting whoever runs the tests (root in CI, where this is
 /// the agent's default: root only).
-pub fn access() -> cni_agent::uds::UdsAccess {
-    cni_agent::uds::UdsAccess {
+pub fn access() -> cni_agent::plugin_api::UdsAccess {
+    cni_agent::plugin_api::UdsAccess {
         peer_uid: euid(),
-        metrics: cni_agent::metrics::Metrics::new(),
+        metrics: cni_agent::ops::metrics::Metrics::new(),
     }
 }
 

@@ -14,8 +14,8 @@ use base64::Engine;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::PostParams;
 use kube::{Api, Client};
-use mesh_ca::Identity;
 use serde::Deserialize;
+use shared_types::identity::Identity;
 use shared_types::istio::metadata;
 use tonic::metadata::MetadataMap;
 

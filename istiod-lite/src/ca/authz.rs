@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 
-use mesh_ca::Identity;
+use shared_types::identity::Identity;
 
 use super::authn::Caller;
 use crate::kube::pods::PodIndex;

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mesh_ca::{CertificateAuthority, CertificateRequest};
-use shared_types::istio::ca::{
-    IstioCertificateRequest, IstioCertificateResponse, IstioCertificateService,
-};
+use shared_types::istio::ca::{IstioCertificateRequest, IstioCertificateResponse};
+use shared_types::istio::ca_service::IstioCertificateService;
 use tonic::{Request, Response, Status};
 
 use crate::metrics::Metrics;

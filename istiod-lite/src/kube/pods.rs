@@ -8,8 +8,9 @@ use std::sync::{Arc, RwLock};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use mesh_kube::watch::{events, updates, IfAbsent, Update};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -155,11 +156,7 @@ fn facts(pod: &Pod) -> Option<PodFacts> {
     }
     Some(PodFacts {
         uid: pod.uid()?,
-        service_account: spec
-            .service_account_name
-            .clone()
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".to_owned()),
+        service_account: mesh_kube::pod::service_account(pod).to_owned(),
         node,
     })
 }
@@ -167,33 +164,27 @@ fn facts(pod: &Pod) -> Option<PodFacts> {
 /// Keeps `index` in step with every pod in the cluster until `shutdown`.
 pub async fn watch_pods(client: Client, index: PodIndex, shutdown: CancellationToken) {
     let api: Api<Pod> = Api::all(client);
-    let mut events = std::pin::pin!(watcher(api));
+    let events = events(api, watcher::Config::default());
+    let mut updates = std::pin::pin!(updates("pods", events, IfAbsent::Wait));
     let mut listing: Vec<Pod> = Vec::new();
     loop {
-        let event = tokio::select! {
+        let update = tokio::select! {
             () = shutdown.cancelled() => return,
-            event = events.next() => event,
+            update = updates.next() => update,
         };
-        match event {
-            Some(Ok(Event::Apply(pod))) => index.apply(&pod),
-            Some(Ok(Event::Delete(pod))) => index.delete(&pod),
-            Some(Ok(Event::Init)) => listing.clear(),
-            Some(Ok(Event::InitApply(pod))) => listing.push(pod),
-            Some(Ok(Event::InitDone)) => {
+        match update {
+            Some(Update::Applied(pod)) => index.apply(&pod),
+            Some(Update::Deleted(pod)) => index.delete(&pod),
+            Some(Update::Relisting) => listing.clear(),
+            Some(Update::Listed(pod)) => listing.push(pod),
+            Some(Update::Synced) => {
                 index.replace_all(&listing);
                 tracing::info!(pods = index.len(), "pod index synced");
                 listing = Vec::new();
             }
-            // The watcher backs off and re-lists on its own.
-            Some(Err(e)) => tracing::warn!(error = %e, "pod watch failed; retrying"),
             None => return,
         }
     }
-}
-
-fn watcher(api: Api<Pod>) -> impl futures::Stream<Item = Result<Event<Pod>, watcher::Error>> {
-    use kube::runtime::WatchStreamExt;
-    watcher::watcher(api, watcher::Config::default()).default_backoff()
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{ObjectMeta, Patch, PatchParams};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use mesh_kube::watch::{events, updates, IfAbsent, Update};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -40,38 +40,35 @@ pub async fn run_while_leading(
 
 /// Watches namespaces and the root ConfigMaps; writes only where the content differs.
 pub async fn run(client: Client, root_pem: String, shutdown: CancellationToken) {
-    let namespaces = watcher::watcher(Api::<Namespace>::all(client.clone()), Default::default())
-        .default_backoff()
-        .touched_objects()
-        .map(|r| r.map(|ns| ns.name_any()));
-    let configmaps = watcher::watcher(
+    let namespaces = events(Api::<Namespace>::all(client.clone()), Default::default());
+    let configmaps = events(
         Api::<ConfigMap>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={ROOT_CONFIGMAP}")),
-    )
-    .default_backoff();
-    let mut namespaces = std::pin::pin!(namespaces);
-    let mut configmaps = std::pin::pin!(configmaps);
+    );
+    let mut namespaces = std::pin::pin!(updates("namespaces", namespaces, IfAbsent::Wait));
+    let mut configmaps = std::pin::pin!(updates("configmaps", configmaps, IfAbsent::Wait));
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
-            Some(ns) = namespaces.next() => match ns {
-                Ok(ns) => ensure(&client, &ns, &root_pem).await,
-                Err(e) => tracing::warn!(error = %e, "namespace watch failed; retrying"),
+            Some(update) = namespaces.next() => match update {
+                Update::Applied(ns) | Update::Listed(ns) => {
+                    ensure(&client, &ns.name_any(), &root_pem).await
+                }
+                Update::Deleted(_) | Update::Relisting | Update::Synced => {}
             },
-            Some(event) = configmaps.next() => match event {
+            Some(update) = configmaps.next() => match update {
                 // A deleted or edited root is put back, as istiod does.
-                Ok(Event::Delete(cm)) => {
+                Update::Deleted(cm) => {
                     if let Some(ns) = cm.namespace() {
                         ensure(&client, &ns, &root_pem).await;
                     }
                 }
-                Ok(Event::Apply(cm) | Event::InitApply(cm)) if !holds(&cm, &root_pem) => {
+                Update::Applied(cm) | Update::Listed(cm) if !holds(&cm, &root_pem) => {
                     if let Some(ns) = cm.namespace() {
                         ensure(&client, &ns, &root_pem).await;
                     }
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "configmap watch failed; retrying"),
+                _ => {}
             },
             else => return,
         }

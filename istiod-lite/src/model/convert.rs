@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Pod, Service as KubeService, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use shared_types::constants::{HBONE_PORT, REDIRECTION_ANNOTATION, REDIRECTION_ENABLED};
+use shared_types::constants::HBONE_PORT;
 use tracing::debug;
 
 use super::policy::ConvertedPolicy;
@@ -18,12 +18,6 @@ use super::Options;
 use mesh_model::service::{IpFamily, NamespacedHostname, NetworkAddress};
 use mesh_model::workload::{GatewayAddress, GatewayDestination, NetworkMode};
 use mesh_model::{HealthStatus, Protocol, Service, Workload};
-
-/// Istio's pod workload uid: `<cluster>//Pod/<namespace>/<name>` (the same shape
-/// `Workload::effective_uid` gives uid-less local workloads).
-pub fn pod_uid(cluster_id: &str, namespace: &str, name: &str) -> String {
-    format!("{cluster_id}//Pod/{namespace}/{name}")
-}
 
 /// `<name>.<namespace>.svc.<cluster domain>`.
 pub fn service_hostname(name: &str, namespace: &str, cluster_domain: &str) -> String {
@@ -266,25 +260,15 @@ pub fn pod(
     if !matches!(status.phase.as_deref(), Some("Running" | "Pending")) {
         return None;
     }
-    let ips = pod_ips(pod);
+    let ips = mesh_kube::pod::ips(pod);
     if ips.is_empty() {
         return None;
     }
     let spec = pod.spec.as_ref();
     let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
     let labels = pod.metadata.labels.clone().unwrap_or_default();
-    let annotations = pod.metadata.annotations.as_ref();
-    let redirected = annotations
-        .and_then(|a| a.get(REDIRECTION_ANNOTATION))
-        .is_some_and(|v| v == REDIRECTION_ENABLED);
-    let service_account = spec
-        .and_then(|s| {
-            s.service_account_name
-                .as_deref()
-                .or(s.service_account.as_deref())
-        })
-        .filter(|s| !s.is_empty())
-        .unwrap_or(mesh_model::workload::DEFAULT_SERVICE_ACCOUNT);
+    let redirected = mesh_kube::pod::is_redirected(pod);
+    let service_account = mesh_kube::pod::service_account(pod);
     let (workload_name, workload_type) = workload_name_and_type(pod, name);
     let (canonical_name, canonical_revision) = canonical(&labels, &workload_name);
 
@@ -297,7 +281,7 @@ pub fn pod(
     authorization_policies.dedup();
 
     Some(Workload {
-        uid: pod_uid(&opts.cluster_id, namespace, name),
+        uid: mesh_model::workload::pod_uid(&opts.cluster_id, namespace, name),
         name: name.to_string(),
         namespace: namespace.to_string(),
         service_account: service_account.to_string(),
@@ -332,28 +316,6 @@ pub fn pod(
 }
 
 /// `status.podIPs`, else `status.podIP`; unparsable entries are skipped.
-fn pod_ips(pod: &Pod) -> Vec<IpAddr> {
-    let Some(status) = pod.status.as_ref() else {
-        return Vec::new();
-    };
-    let mut ips: Vec<IpAddr> = status
-        .pod_ips
-        .iter()
-        .flatten()
-        .filter_map(|p| p.ip.parse().ok())
-        .collect();
-    if ips.is_empty() {
-        ips.extend(
-            status
-                .pod_ip
-                .as_deref()
-                .and_then(|ip| ip.parse::<IpAddr>().ok()),
-        );
-    }
-    ips.dedup();
-    ips
-}
-
 fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()

@@ -35,8 +35,9 @@ use tracing::debug;
 pub use snapshot::{build, Built};
 
 use crate::xds::store::ResourceStore;
+use mesh_kube::watch::IfAbsent;
 use snapshot::{Rebuilder, Stores};
-use watch::{IfAbsent, Progress};
+use watch::Progress;
 
 /// Events arriving within this window are handled by one rebuild.
 pub const DEBOUNCE: Duration = Duration::from_millis(20);

@@ -4,8 +4,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::*;
 use crate::model::{build, Options};
-use mesh_ca::Identity;
 use mesh_model::{ConnectionAttrs, Denied};
+use shared_types::identity::Identity;
 
 const ROOT: &str = "istio-system";
 

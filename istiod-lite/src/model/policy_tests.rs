@@ -1,8 +1,8 @@
 use kube::core::DynamicObject;
 
 use super::*;
-use mesh_ca::Identity;
 use mesh_model::ConnectionAttrs;
+use shared_types::identity::Identity;
 
 fn convert_yaml(y: &str) -> Result<ConvertedPolicy, NotConverted> {
     let obj: DynamicObject = serde_yaml::from_str(y).unwrap();

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use kube::Client;
 use kube_apiserver_lite::{ApiServer, Control, Options};
 use test_support::process::ChildGuard;
-use kube::Client;
 
 pub const WAIT: Duration = Duration::from_secs(20);
 

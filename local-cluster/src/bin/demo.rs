@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use local_cluster::{LocalCluster, MeshInstall, Topology};
 use local_cluster::mesh::{metric_sum, ztunnel_metrics};
+use local_cluster::{LocalCluster, MeshInstall, Topology};
 use test_support::poll::wait_for;
 
 #[derive(Parser, Debug)]

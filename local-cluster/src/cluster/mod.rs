@@ -12,7 +12,6 @@
 //! process carrying the cluster's owner marker may remain (the drop panics, naming
 //! them, unless already panicking; [`LocalCluster::shutdown`] returns it as an error).
 
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,11 +23,11 @@ pub use crate::api::Api;
 use crate::control_plane::ControlPlane;
 pub use crate::control_plane::{API_ADDR, ISTIOD_ADDR, ISTIOD_HOST};
 use crate::controllers::Controllers;
-use crate::services::kube_proxy::KubeProxy;
+use crate::kubelet::runtime::NodeSpawner;
 use crate::kubelet::{Kubelet, NodeInfo, PodHandle};
 pub use crate::node::Node;
-use crate::kubelet::runtime::NodeSpawner;
 use crate::services::cluster_dns;
+use crate::services::kube_proxy::KubeProxy;
 use crate::{control_plane, controllers, node, objects};
 use test_support::owner;
 
@@ -310,9 +309,11 @@ impl LocalCluster {
         )?;
         api.create_if_absent("/api/v1/namespaces/kube-system/services", &service)?;
         api.create_if_absent("/api/v1/namespaces/kube-system/endpoints", &endpoints)?;
-        let mut cmd = cp
-            .ns
-            .command(test_support::built_binary("e2e-app")?.to_str().context("path")?);
+        let mut cmd = cp.ns.command(
+            test_support::built_binary("e2e-app")?
+                .to_str()
+                .context("path")?,
+        );
         cmd.args(["cluster-dns", "--listen"])
             .arg(SocketAddr::new(control_plane::api_addr().ip(), 53).to_string())
             .arg("--api")

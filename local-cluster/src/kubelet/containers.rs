@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::kubelet::container_log::{instance_path, LogFile};
 use crate::images::UnknownImage;
-use crate::objects::now_rfc3339;
+use crate::kubelet::container_log::{instance_path, LogFile};
 use crate::kubelet::probes::Probe;
+use crate::objects::now_rfc3339;
 use test_support::process::ChildGuard;
 
 /// kubelet's crash back-off (10 s doubling to 5 min), scaled down for tests: the

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 use super::sandbox::Sandbox;
 use super::NodeInfo;
-use crate::api::Api;
 use super::{container_env, runtime};
+use crate::api::Api;
 use crate::images;
 
 /// The container's process: the image's program, its args and its environment as

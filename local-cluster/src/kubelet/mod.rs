@@ -36,9 +36,9 @@ use status::{pod_status, status_path, waiting_status, Conditions};
 
 use crate::api::{query_escape, Api};
 use crate::kubelet::containers::{Container, RestartPolicy};
+use crate::kubelet::probes::HttpGet;
 use crate::kubelet::server::{KubeletServer, LogLookup, KUBELET_PORT};
 use crate::objects::event;
-use crate::kubelet::probes::HttpGet;
 use test_support::process::ChildGuard;
 
 /// How often the pod list is read.

@@ -127,11 +127,6 @@ fn sync_configmap(api: &Api, c: &ProjectedConfigMap) -> Result<bool> {
 pub(super) fn write_atomically(path: &Path, contents: &[u8]) -> Result<()> {
     let dir = path.parent().context("projected file has no directory")?;
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().unwrap_or_default().to_string_lossy()
-    ));
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)?;
+    mesh_runtime::fs::write_atomic(path, contents, 0o644)?;
     Ok(())
 }

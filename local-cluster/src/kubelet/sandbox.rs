@@ -10,10 +10,10 @@ use serde_json::Value;
 
 use super::NodeInfo;
 use crate::api::Api;
-use crate::services::cluster_dns::CLUSTER_DNS;
 use crate::kubelet::cni::{self, NetConfList, Runtime};
 use crate::kubelet::containers::Container;
 use crate::kubelet::volumes::PodVolumes;
+use crate::services::cluster_dns::CLUSTER_DNS;
 use test_support::netns::Netns;
 
 /// A running pod: its network, its volumes and its containers.

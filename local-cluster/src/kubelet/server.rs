@@ -52,8 +52,9 @@ impl Drop for KubeletServer {
 impl KubeletServer {
     /// Listens on `addr` inside the network namespace at `netns`.
     pub fn start(netns: &Path, addr: SocketAddr, lookup: Arc<LogLookup>) -> Result<Self> {
-        let listener = test_support::netns::run_in(netns, move || std::net::TcpListener::bind(addr))?
-            .with_context(|| format!("kubelet server on {addr}"))?;
+        let listener =
+            test_support::netns::run_in(netns, move || std::net::TcpListener::bind(addr))?
+                .with_context(|| format!("kubelet server on {addr}"))?;
         listener.set_nonblocking(true)?;
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {

@@ -17,8 +17,8 @@ use hickory_proto::rr::{RData, Record, RecordType};
 use serde_json::{json, Value};
 
 use crate::api::Api;
-use crate::services::kube_proxy;
 use crate::dns::{respond_from, serve_with};
+use crate::services::kube_proxy;
 
 /// kubelet's `clusterDNS` in every pod's resolv.conf: kube-dns's usual ClusterIP
 /// (the API server never allocates it on its own; Service `kube-dns` asks for it).

@@ -15,16 +15,17 @@
 //! in one `iptables-restore --noflush` per namespace and family when they change.
 
 use std::collections::HashMap;
-use std::io::Write;
+
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde_json::Value;
+use shared_types::net::IpFamily;
 
 use crate::api::Api;
 
@@ -69,11 +70,11 @@ impl Drop for KubeProxy {
 
 fn poll(api: &Api, netns_names: &[String], stop: &AtomicBool) {
     // Per namespace and family, the text last applied (None: never, so hook too).
-    let mut applied: HashMap<(String, Family), String> = HashMap::new();
+    let mut applied: HashMap<(String, IpFamily), String> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         match service_ports(api) {
             Ok(ports) => {
-                for family in [Family::V4, Family::V6] {
+                for family in [IpFamily::V4, IpFamily::V6] {
                     let text = rules(&ports, family);
                     for ns in netns_names {
                         let key = (ns.clone(), family);
@@ -93,22 +94,6 @@ fn poll(api: &Api, netns_names: &[String], stop: &AtomicBool) {
             Err(e) => eprintln!("kube-proxy: reading Services: {e:#}"),
         }
         std::thread::sleep(POLL);
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    fn of(ip: &IpAddr) -> Self {
-        if ip.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        }
     }
 }
 
@@ -264,7 +249,7 @@ fn manual_backends(endpoints: &Value, port: &Value) -> Vec<(IpAddr, u16)> {
 }
 
 /// The `iptables-restore` text of `family`'s chains (declaring a chain flushes it).
-fn rules(ports: &[ServicePort], family: Family) -> String {
+fn rules(ports: &[ServicePort], family: IpFamily) -> String {
     let mut text = format!(
         "*nat\n:{SERVICES} - [0:0]\n:{POSTROUTING} - [0:0]\n:{MARK_MASQ} - [0:0]\n\
          -A {MARK_MASQ} -j MARK --set-xmark {MASQ_MARK}/{MASQ_MARK}\n\
@@ -273,14 +258,17 @@ fn rules(ports: &[ServicePort], family: Family) -> String {
          -A {POSTROUTING} -j MASQUERADE\n"
     );
     let host_bits = match family {
-        Family::V4 => 32,
-        Family::V6 => 128,
+        IpFamily::V4 => 32,
+        IpFamily::V6 => 128,
     };
-    for p in ports.iter().filter(|p| Family::of(&p.cluster_ip) == family) {
+    for p in ports
+        .iter()
+        .filter(|p| IpFamily::of(&p.cluster_ip) == family)
+    {
         let endpoints: Vec<String> = p
             .endpoints
             .iter()
-            .filter(|(ip, _)| Family::of(ip) == family)
+            .filter(|(ip, _)| IpFamily::of(ip) == family)
             .map(|(ip, port)| match ip {
                 IpAddr::V4(v4) => format!("{v4}:{port}"),
                 IpAddr::V6(v6) => format!("[{v6}]:{port}"),
@@ -338,36 +326,16 @@ fn with_hooks(text: &str, hooked: bool) -> String {
     text
 }
 
-/// `iptables-restore --noflush` (or ip6tables') of `text` in `netns`, or in this
-/// thread's own namespace when `None` (a process inherits the namespace its thread
-/// entered).
-pub(super) fn restore(netns: Option<&str>, family: Family, text: &str) -> Result<()> {
-    let program = match family {
-        Family::V4 => "iptables-restore",
-        Family::V6 => "ip6tables-restore",
-    };
-    let mut command = match netns {
-        Some(netns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", netns, program]);
-            c
+/// `iptables-restore --noflush` (or ip6tables') of `text`, with the host's backend,
+/// in the namespace named `netns`, or in this thread's own namespace when `None`.
+pub(super) fn restore(netns: Option<&str>, family: IpFamily, text: &str) -> Result<()> {
+    let backend = crate::inpod::host_backend();
+    let restore = || redirection::iptables::restore(backend, family, text);
+    match netns {
+        Some(name) => {
+            test_support::netns::run_in(&Path::new("/var/run/netns").join(name), restore)??
         }
-        None => Command::new(program),
-    };
-    let mut child = command
-        .arg("--noflush")
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawning {program}"))?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(text.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("{program}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        None => restore()?,
     }
     Ok(())
 }
@@ -420,11 +388,11 @@ mod tests {
                 ("10.244.1.2".parse().unwrap(), 15012),
                 ("10.244.2.2".parse().unwrap(), 15012),
             ])],
-            Family::V4,
+            IpFamily::V4,
         );
         assert!(two.contains("--probability 0.50000 -j DNAT --to-destination 10.244.1.2:15012\n"));
         assert!(two.contains("cluster IP\" -j DNAT --to-destination 10.244.2.2:15012\n"));
-        assert!(!rules(&[port(vec![])], Family::V4).contains("DNAT"));
-        assert!(!rules(&[port(vec![])], Family::V6).contains("10.96.0.20"));
+        assert!(!rules(&[port(vec![])], IpFamily::V4).contains("DNAT"));
+        assert!(!rules(&[port(vec![])], IpFamily::V6).contains("10.96.0.20"));
     }
 }

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::services::kube_proxy::{restore, spread, Family};
+use crate::services::kube_proxy::{restore, spread};
+use shared_types::net::IpFamily;
 use test_support::netns::Netns;
 
 /// The chain holding the Service's endpoints (nat table).
@@ -122,7 +123,7 @@ fn rules(ready: &[SocketAddr]) -> String {
 }
 
 fn apply(ready: &[SocketAddr]) -> Result<()> {
-    restore(None, Family::V4, &rules(ready))
+    restore(None, IpFamily::V4, &rules(ready))
 }
 
 fn is_ready(addr: SocketAddr) -> bool {

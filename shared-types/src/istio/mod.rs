@@ -1,7 +1,10 @@
-//! Istio's control-plane gRPC services, with Istio's package, field numbers and
-//! method paths, so Istio's own ztunnel and istiod can be either end.
+//! Istio's control-plane messages and gRPC services, with Istio's package, field
+//! numbers and method paths, so Istio's own ztunnel and istiod can be either end. The
+//! messages need only prost (feature `istio`); the services need tonic (`grpc`).
 
 pub mod ca;
+#[cfg(feature = "grpc")]
+pub mod ca_service;
 pub mod security;
 pub mod workload;
 #[cfg(feature = "xds")]

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
-use shared_types::istio::ca::{IstioCertificateRequest, IstioCertificateServiceClient};
+use shared_types::istio::ca::IstioCertificateRequest;
+use shared_types::istio::ca_service::IstioCertificateServiceClient;
 use tonic::Code;
 
 use super::{Identity, WorkloadCertificate};

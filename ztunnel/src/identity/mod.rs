@@ -1,6 +1,6 @@
 //! Workload identities and the certificates that prove them.
 //!
-//! Identities and the CA itself live in the `mesh-ca` crate, shared with
+//! Identities live in `shared-types`, the CA itself in the `mesh-ca` crate, shared with
 //! istiod-lite and istioctl-lite. Here: the [`SecretManager`], which caches one
 //! leaf per identity, and where its leaves come from ([`source`]): the mesh CA
 //! files on a VM, or istiod's certificate service over gRPC.
@@ -10,5 +10,6 @@ pub mod manager;
 pub mod source;
 
 pub use manager::SecretManager;
-pub use mesh_ca::{CaError, CertificateAuthority, Identity, IdentityError, WorkloadCertificate};
+pub use mesh_ca::{CaError, CertificateAuthority, WorkloadCertificate};
+pub use shared_types::identity::{Identity, IdentityError};
 pub use source::CertificateSource;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::readiness::BlockReady;
+use mesh_runtime::readiness::BlockReady;
 use protocol::{Next, Request, ZdsConnection};
 use statemanager::PodProxies;
 

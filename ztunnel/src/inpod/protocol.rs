@@ -13,7 +13,7 @@ use shared_types::zds::{
 };
 use shared_types::zds_transport::SeqpacketStream;
 
-use super::netns::PodNetns;
+use mesh_runtime::netns::NetnsHandle;
 
 /// A valid request from the node agent.
 #[derive(Debug)]
@@ -21,7 +21,7 @@ pub enum Request {
     Add {
         uid: String,
         info: WorkloadInfo,
-        netns: PodNetns,
+        netns: NetnsHandle,
     },
     Keep {
         uid: String,
@@ -126,10 +126,11 @@ pub fn decode(bytes: &[u8], mut fds: Vec<OwnedFd>) -> Result<Request, ProtocolEr
                 1 => fds.remove(0),
                 n => return Err(ProtocolError::TooManyFds(n)),
             };
-            let netns = PodNetns::new(fd).map_err(|reason| ProtocolError::NotNetns {
-                uid: add.uid.clone(),
-                reason,
-            })?;
+            let netns = NetnsHandle::from_fd(fd, format!("the netns fd of pod {}", add.uid))
+                .map_err(|e| ProtocolError::NotNetns {
+                    uid: add.uid.clone(),
+                    reason: e.to_string(),
+                })?;
             Ok(Request::Add {
                 uid: add.uid,
                 info,

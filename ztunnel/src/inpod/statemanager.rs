@@ -11,7 +11,7 @@ use shared_types::zds::WorkloadInfo;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::netns::{NetnsSwitch, PodNetns, PodSocketFactory};
+use super::netns::PodSocketFactory;
 use crate::dns::DnsProxy;
 use crate::drain::Drain;
 use crate::identity::{Identity, SecretManager};
@@ -22,6 +22,7 @@ use crate::proxy::{
 };
 use crate::socket::SocketFactory;
 use crate::state::StateStore;
+use mesh_runtime::netns::{NetnsHandle, NetnsSwitch};
 
 /// What every pod's proxies share.
 #[derive(Clone)]
@@ -66,7 +67,7 @@ struct RunningPod {
     drain: Drain,
     listeners: Vec<JoinHandle<()>>,
     /// Keeps the namespace alive while its proxies run.
-    _netns: Arc<PodNetns>,
+    _netns: Arc<NetnsHandle>,
 }
 
 /// Pods currently served, shared with `/config_dump` and shutdown.
@@ -161,7 +162,7 @@ impl PodProxies {
         &mut self,
         uid: String,
         info: WorkloadInfo,
-        netns: PodNetns,
+        netns: NetnsHandle,
     ) -> Result<(), String> {
         self.note_replayed(&uid);
         let identity = Identity::new(
@@ -173,7 +174,7 @@ impl PodProxies {
         // pod's drain must not forget this identity's certificate meanwhile.
         let _adding = self.registry.adding(&identity);
         if let Some(running) = self.pods.get(&uid) {
-            if running.summary.netns_inode == netns.inode {
+            if running.summary.netns_inode == netns.inode() {
                 return Ok(()); // replayed or repeated: already serving it
             }
             info!(%uid, "pod's network namespace changed; restarting its proxies");
@@ -248,7 +249,7 @@ impl PodProxies {
             namespace: info.namespace,
             service_account: info.service_account,
             identity: identity.to_uri(),
-            netns_inode: netns.inode,
+            netns_inode: netns.inode(),
             state: "Up",
         };
         lock(&self.registry.pods).insert(uid.clone(), (summary.clone(), drain.clone()));

@@ -3,9 +3,7 @@
 //! may open and the netns switch need not enter), on ephemeral loopback ports, with
 //! unmarked sockets.
 
-use std::fs::File;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
 
 use super::*;
 use crate::proxy::test_support::{certs, errors, identity, state};
@@ -54,17 +52,25 @@ fn pod_proxies() -> PodProxies {
 }
 
 /// Our own network namespace, as the agent would hand over a pod's.
-fn own_netns() -> PodNetns {
-    let fd: OwnedFd = File::open("/proc/self/ns/net").unwrap().into();
-    PodNetns::new(fd).unwrap()
+fn own_netns() -> NetnsHandle {
+    NetnsHandle::open("/proc/self/ns/net").unwrap()
 }
 
-/// The same namespace under another inode: what a pod recreated with the same uid
-/// (a new sandbox) looks like. Only the inode is compared, so this is enough.
-fn other_netns() -> PodNetns {
-    let mut netns = own_netns();
-    netns.inode += 1;
-    netns
+/// A new namespace with loopback up: what a pod recreated with the same uid (a new
+/// sandbox) looks like. Entering it needs root.
+fn new_netns() -> NetnsHandle {
+    std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare a netns");
+        // A child process starts in its thread's namespace.
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("ip link");
+        assert!(up.success());
+        NetnsHandle::current().expect("open")
+    })
+    .join()
+    .expect("the unsharing thread")
 }
 
 fn info(name: &str) -> WorkloadInfo {
@@ -117,7 +123,7 @@ async fn add_serves_the_pod_and_a_repeated_add_with_the_same_netns_is_a_no_op() 
         ),
         ("uid-a", "Up", "spiffe://cluster.local/ns/test/sa/sa-a")
     );
-    assert_eq!(summary.netns_inode, own_netns().inode);
+    assert_eq!(summary.netns_inode, own_netns().inode());
     assert!(has_certificate(&pods, "a"));
     let drain = drain_of(&pods, "uid-a");
     assert!(pods.pods["uid-a"]
@@ -139,14 +145,19 @@ async fn add_serves_the_pod_and_a_repeated_add_with_the_same_netns_is_a_no_op() 
 
 #[tokio::test]
 async fn add_with_a_changed_netns_restarts_the_pods_proxies() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "CI: this test needs root");
+        return;
+    }
     let mut pods = pod_proxies();
     pods.add("uid-a".into(), info("a"), own_netns())
         .await
         .unwrap();
     let old = drain_of(&pods, "uid-a");
 
-    let netns = other_netns();
-    let inode = netns.inode;
+    let netns = new_netns();
+    let inode = netns.inode();
     pods.add("uid-a".into(), info("a"), netns).await.unwrap();
     assert!(stopped(&old), "the old namespace's proxies still run");
     let new = drain_of(&pods, "uid-a");

@@ -26,9 +26,9 @@ pub use resources::{ResourceError, Resources};
 
 use crate::control_plane::{ControlPlane, ControlPlaneConfig, ControlPlaneError};
 use crate::discovery::FirstSync;
-use crate::readiness::BlockReady;
 use crate::state::demand::Demand;
 use crate::state::StateStore;
+use mesh_runtime::readiness::BlockReady;
 
 /// Name of this source in the [`StateStore`].
 pub const SOURCE: &str = "xds";

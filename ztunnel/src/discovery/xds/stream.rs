@@ -21,9 +21,9 @@ use super::resources::{Resources, TYPES};
 use super::SOURCE;
 use crate::control_plane::ControlPlane;
 use crate::discovery::waypoints::{self, WaypointWarnings};
-use crate::readiness::BlockReady;
 use crate::state::demand::Lookups;
 use crate::state::StateStore;
+use mesh_runtime::readiness::BlockReady;
 
 /// Istio's ztunnel: 10 ms, doubling up to 15 s.
 const BACKOFF_MIN: Duration = Duration::from_millis(10);

@@ -1,0 +1,10 @@
+//! What every long-running binary of the mesh needs besides its own job, in one place
+//! each: the hardened HTTP server of its operational endpoints ([`http_server`]),
+//! readiness ([`readiness`]), dual-stack listeners ([`listen`]), network namespaces
+//! checked and entered safely ([`netns`]), and files written atomically ([`fs`]).
+
+pub mod fs;
+pub mod http_server;
+pub mod listen;
+pub mod netns;
+pub mod readiness;
