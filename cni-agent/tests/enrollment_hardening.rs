@@ -163,11 +163,9 @@ fn owned_v4(pod: &Pod, backend: Backend) -> String {
         .owned_view(&set)
 }
 
+/// What the agent renders for a default pod (the redirection crate's golden file).
 fn golden() -> String {
-    std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/redirect/inpod_v4.golden"),
-    )
-    .unwrap()
+    InpodRules::default().rule_set(IpFamily::V4).render()
 }
 
 fn event(name: &str, uid: &str, netns: &str, ip: &str) -> CniPluginAddEvent {

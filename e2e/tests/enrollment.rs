@@ -211,10 +211,8 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
 
     // CNI path: rules as the golden file, acked by ztunnel, annotated.
     handler.handle(event(&client_pod)).await.unwrap();
-    let golden = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/redirect/inpod_v4.golden"),
-    )
-    .unwrap();
+    // What the agent renders (the redirection crate's golden file holds the same).
+    let golden = InpodRules::default().rule_set(IpFamily::V4).render();
     assert_eq!(owned_v4(&client_pod, backend), golden);
     assert_eq!(
         annotation(&client, "client").await.as_deref(),
@@ -303,10 +301,7 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
 
     // The DNS-capture annotation changes on the enrolled pod: its rules follow in
     // place, and it stays in the mesh.
-    for (capture, golden) in [
-        ("true", "inpod_dns_v4.golden"),
-        ("false", "inpod_v4.golden"),
-    ] {
+    for capture in ["true", "false"] {
         Api::<KPod>::namespaced(client.clone(), NS)
             .patch(
                 "client",
@@ -330,15 +325,9 @@ async fn cni_add_enrolls_replays_fails_closed_and_unenrolls() {
             dns_capture: capture == "true",
             ..Default::default()
         };
-        let golden = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("testdata/redirect")
-                .join(golden),
-        )
-        .unwrap();
         assert_eq!(
             owned_v4_of(&client_pod, backend, &rules),
-            golden,
+            rules.rule_set(IpFamily::V4).render(),
             "capture {capture}"
         );
         assert!(zds.is_enrolled(&client_uid));
@@ -508,10 +497,8 @@ async fn running_pod_enrolled_by_namespace_label_then_restored_and_repaired_on_r
     })
     .await;
     first.enroller.reconcile(&key).await.unwrap();
-    let golden = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/redirect/inpod_v4.golden"),
-    )
-    .unwrap();
+    // What the agent renders (the redirection crate's golden file holds the same).
+    let golden = InpodRules::default().rule_set(IpFamily::V4).render();
     assert_eq!(owned_v4(&runner, backend), golden);
     assert!(first.zds.is_enrolled(&uid));
 

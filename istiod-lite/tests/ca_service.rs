@@ -397,11 +397,19 @@ async fn a_node_proxy_gets_its_own_pods_identities_and_every_refusal_is_counted(
         .delete("ztunnel-2", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the deletion to reach istiod-lite", WAIT, || async {
-        f.request(Some(&z2), "Kubernetes", &ztunnel, Some(SERVER), 0)
-            .await
-            .is_err()
-    })
+    // The API server invalidates the token at once; istiod-lite's pod index sees the
+    // deletion a moment later, and from then on names the refusal for what it is.
+    eventually(
+        "the deletion to reach istiod-lite's pod index",
+        WAIT,
+        || async {
+            let refused = f
+                .request(Some(&z2), "Kubernetes", &ztunnel, Some(SERVER), 0)
+                .await
+                .is_err();
+            refused && f.refusals("bound_pod_gone") >= 1.0
+        },
+    )
     .await;
 
     for reason in [

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use mesh_ca::csr::MAX_CSR_PEM_BYTES;
-use mesh_ca::{pem_encode, CertificateAuthority, CertificateRequest, Identity};
+use mesh_ca::{pem_encode, CertificateAuthority, CertificateRequest};
+use shared_types::identity::Identity;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateSigningRequestDer;
 use x509_parser::certificate::X509Certificate;

@@ -7,6 +7,8 @@ pub const SERVICE: &str = "istio.v1.auth.IstioCertificateService";
 pub const CREATE_CERTIFICATE: &str = "/istio.v1.auth.IstioCertificateService/CreateCertificate";
 /// The `metadata` field a node proxy sets to ask for one of its pods' identities.
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+/// A CSR plus metadata is a few KiB; more is refused before it is decoded.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct IstioCertificateRequest {

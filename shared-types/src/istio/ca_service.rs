@@ -10,7 +10,10 @@ use tonic::server::{NamedService, UnaryService};
 use tonic::Status;
 use tonic_prost::ProstCodec;
 
-use super::ca::{IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE, SERVICE};
+use super::ca::{
+    IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE, MAX_REQUEST_BYTES,
+    SERVICE,
+};
 
 /// The CA as a server implements it.
 pub trait IstioCertificateService: Send + Sync + 'static {
@@ -73,9 +76,6 @@ where
         })
     }
 }
-
-/// A CSR plus metadata is a few KiB; more is refused before it is decoded.
-pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 struct CreateCertificate<T>(Arc<T>);
 
