@@ -11,6 +11,7 @@ mod kubeclient;
 mod output;
 mod precheck;
 mod proxystatus;
+mod rollout;
 mod xds;
 mod ztables;
 

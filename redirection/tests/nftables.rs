@@ -10,7 +10,7 @@
 
 use mesh_runtime::netns::NetnsHandle;
 use redirection::iptables::Backend;
-use redirection::nft::{self, ruleset, HostProbe};
+use redirection::nft::{self, istio_tables, ruleset, HostProbe};
 use redirection::rules::{InpodRules, IpFamily};
 use redirection::{check_inpod, disable_inpod, enable_inpod, restore_inpod, CheckResult, Mode};
 use serde_json::Value;
@@ -132,7 +132,7 @@ fn rendered_transactions_match_golden_files() {
     for (name, rules) in variants() {
         assert_golden(
             &format!("{name}.nft"),
-            &ruleset::render(&ruleset::inpod_tables(&rules)),
+            &ruleset::render(&istio_tables::inpod_tables(&rules)),
         );
     }
     for (name, host) in host_variants() {
@@ -142,7 +142,7 @@ fn rendered_transactions_match_golden_files() {
 
 #[test]
 fn dns_variant_is_istios_golden_transaction() {
-    let text = ruleset::render(&ruleset::inpod_tables(&InpodRules {
+    let text = ruleset::render(&istio_tables::inpod_tables(&InpodRules {
         dns_capture: true,
         ..Default::default()
     }));
@@ -170,7 +170,7 @@ fn netlink_and_nft_text_read_back_as_the_same_golden_state() {
             inside(&ours, || nft::apply_inpod(&rules)),
             "{name}: first apply changes"
         );
-        nft_file(&text, &ruleset::render(&ruleset::inpod_tables(&rules)));
+        nft_file(&text, &ruleset::render(&istio_tables::inpod_tables(&rules)));
         let state = state(&ours);
         assert_eq!(state, self::state(&text), "{name}: netlink vs nft -f");
         assert_golden(&format!("{name}.state.json"), &state);

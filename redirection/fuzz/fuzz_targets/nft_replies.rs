@@ -7,7 +7,8 @@
 
 #![no_main]
 
-use redirection::nft::ruleset::{inpod_tables, rule_exprs};
+use redirection::nft::istio_tables::inpod_tables;
+use redirection::nft::ruleset::rule_exprs;
 use redirection::nft::wire::{parse_attrs, parse_replies, Attr, Value};
 use redirection::rules::InpodRules;
 use libfuzzer_sys::fuzz_target;

@@ -14,6 +14,7 @@
 //! same socket and compared with what was sent.
 
 pub mod expr;
+pub mod istio_tables;
 pub mod ruleset;
 pub mod session;
 pub mod wire;
@@ -21,7 +22,8 @@ pub mod wire;
 use super::plan::CheckResult;
 use super::probe::{ProbeEntry, ProbeSnat};
 use super::rules::{InpodRules, IpFamily};
-use ruleset::{chain_attrs, rule_exprs, table_msg, Table, INPOD_TABLES, TABLE_NAT};
+use istio_tables::{INPOD_TABLES, TABLE_NAT};
+use ruleset::{chain_attrs, rule_exprs, table_msg, Table};
 pub use session::NftError;
 use session::{Dumped, Session};
 use std::net::IpAddr;
@@ -48,7 +50,7 @@ pub fn apply_inpod_fresh(rules: &InpodRules) -> Result<bool, NftError> {
 }
 
 fn apply_inpod_to(rules: &InpodRules, fresh: bool) -> Result<bool, NftError> {
-    let wanted = ruleset::inpod_tables(rules);
+    let wanted = istio_tables::inpod_tables(rules);
     let mut session = Session::open()?;
     if fresh {
         // Only what is wanted, added: deleting tables (even in the same batch) costs the
@@ -88,7 +90,7 @@ fn apply_inpod_to(rules: &InpodRules, fresh: bool) -> Result<bool, NftError> {
 
 /// Compares the pod netns with `rules`.
 pub fn check_inpod(rules: &InpodRules) -> Result<CheckResult, NftError> {
-    let wanted = ruleset::inpod_tables(rules);
+    let wanted = istio_tables::inpod_tables(rules);
     check_tables(&mut Session::open()?, &wanted, &INPOD_TABLES)
 }
 
@@ -246,7 +248,7 @@ impl HostProbe {
     }
 
     pub fn table(&self) -> Table {
-        ruleset::host_table(&self.families(), self.kubelet_uid)
+        istio_tables::host_table(&self.families(), self.kubelet_uid)
     }
 
     /// Creates the table, sets (kept with their members if present) and chain, and
