@@ -21,9 +21,13 @@ test: setup build
 	NATIVE_NFTABLES=true $(CARGO) nextest run -p e2e --test cluster --test no_plaintext --test charts --no-fail-fast
 	manifests/check.sh
 
+# rustfmt, clippy (warnings are errors; the library crates also document every public
+# item), and cargo-deny's license, ban and source checks (deny.toml). cargo-deny comes
+# from crates.io (scripts/setup.sh installs it).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) deny check licenses bans sources
 
 fmt:
 	$(CARGO) fmt --all

@@ -41,3 +41,8 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "installing cargo-nextest from crates.io"
   cargo install --locked cargo-nextest >/dev/null
 fi
+# make lint's license, ban and source checks (deny.toml).
+if ! cargo deny --version >/dev/null 2>&1; then
+  echo "installing cargo-deny from crates.io"
+  cargo install --locked cargo-deny >/dev/null
+fi

@@ -131,7 +131,7 @@ fn pod_to_pod(plan: &Plan) -> Result<Vec<Figure>> {
         agents.push(agent);
     }
     for (agent, pod) in agents.iter().zip([&client, &server]) {
-        local_cluster::inpod::capture(&pod, &InpodRules::default())?;
+        local_cluster::inpod::capture(pod, &InpodRules::default())?;
         let info = WorkloadInfo {
             name: pod.name.clone(),
             namespace: "bench".into(),

@@ -183,7 +183,7 @@ impl DnsCluster {
     fn enroll(&self, name: &str, dns_capture: bool) -> Result<()> {
         let pod = self.pod(name);
         local_cluster::inpod::capture(
-            &pod,
+            pod,
             &InpodRules {
                 dns_capture,
                 ..Default::default()

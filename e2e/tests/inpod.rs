@@ -132,13 +132,13 @@ impl Cluster {
         let pods = [&cluster.client, &cluster.local_server, &cluster.server];
         for pod in pods.into_iter().chain(&cluster.only6) {
             if dual_stack {
-                local_cluster::inpod::capture(&pod, &both_families)?;
+                local_cluster::inpod::capture(pod, &both_families)?;
             } else {
-                local_cluster::inpod::capture(&pod, &InpodRules::default())?;
+                local_cluster::inpod::capture(pod, &InpodRules::default())?;
             }
         }
         if let Some(pod) = &cluster.no_ipv6 {
-            local_cluster::inpod::capture(&pod, &InpodRules::default())?; // as the agent does for a pod without an IPv6 address
+            local_cluster::inpod::capture(pod, &InpodRules::default())?; // as the agent does for a pod without an IPv6 address
         }
         cluster.enroll(0, &cluster.client, "client")?;
         cluster.enroll(0, &cluster.local_server, "server")?;

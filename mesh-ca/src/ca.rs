@@ -74,6 +74,7 @@ impl CertificateAuthority {
         })
     }
 
+    /// The trust roots (root-cert.pem) as DER.
     pub fn roots(&self) -> Vec<CertificateDer<'static>> {
         self.roots.clone()
     }
@@ -279,6 +280,7 @@ fn workload_san(id: &Identity) -> Result<Vec<SanType>, CaError> {
 pub enum RootKey {
     /// What Istio's self-signed CA makes; `istioctl-lite ca init` does the same.
     Rsa2048,
+    /// ECDSA on P-256: quick to generate, for tests and throw-away meshes.
     EcdsaP256,
 }
 

@@ -19,7 +19,9 @@ use crate::validity::to_system_time;
 pub struct ServingCertificate {
     /// Leaf first, then the CA's chain.
     pub chain: Vec<CertificateDer<'static>>,
+    /// The leaf's private key (ECDSA P-256).
     pub key: PrivatePkcs8KeyDer<'static>,
+    /// When the leaf expires.
     pub not_after: SystemTime,
 }
 
@@ -28,8 +30,11 @@ pub struct ServingCertificate {
 pub struct IssuedChain {
     /// Leaf first, then the CA's cert-chain.pem entries.
     pub chain: Vec<CertificateDer<'static>>,
+    /// The CA's trust roots.
     pub roots: Vec<CertificateDer<'static>>,
+    /// Hex serial number of the leaf.
     pub serial: String,
+    /// When the leaf expires.
     pub not_after: SystemTime,
 }
 
@@ -50,12 +55,16 @@ impl IssuedChain {
 /// A leaf with its key, as handed to the TLS configs.
 #[derive(Debug)]
 pub struct WorkloadCertificate {
+    /// The identity the leaf's URI SAN carries.
     pub identity: Identity,
     /// Leaf first, then the CA's cert-chain.pem entries (intermediates up to, not
     /// necessarily including, the root).
     pub chain: Vec<CertificateDer<'static>>,
+    /// The trust roots peers' chains are verified against.
     pub roots: Vec<CertificateDer<'static>>,
+    /// Start of the leaf's validity.
     pub not_before: SystemTime,
+    /// End of the leaf's validity.
     pub not_after: SystemTime,
     /// Hex serial number.
     pub serial: String,
@@ -110,6 +119,7 @@ impl WorkloadCertificate {
         })
     }
 
+    /// A copy of the leaf's private key, for a TLS config.
     pub fn private_key(&self) -> PrivateKeyDer<'static> {
         PrivateKeyDer::Pkcs8(self.key.clone_key())
     }
@@ -124,6 +134,7 @@ impl WorkloadCertificate {
         self.not_before + total / 2
     }
 
+    /// The leaf alone as PEM; empty if the chain is empty.
     pub fn leaf_pem(&self) -> String {
         self.chain
             .first()

@@ -25,16 +25,25 @@ const MAX_RSA_BITS: usize = 8192;
 /// Why a CSR was refused. Each variant is a client error: the caller sent it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CsrError {
+    /// The PEM or DER is longer than [`MAX_CSR_PEM_BYTES`].
     #[error("the CSR is {len} bytes; at most {MAX_CSR_PEM_BYTES} are accepted")]
-    TooLarge { len: usize },
+    TooLarge {
+        /// The size received, in bytes.
+        len: usize,
+    },
+    /// The text holds no PEM `CERTIFICATE REQUEST` block.
     #[error("the CSR is not a PEM CERTIFICATE REQUEST: {0}")]
     Pem(String),
+    /// The DER does not parse as PKCS#10, or has trailing bytes.
     #[error("the CSR is not valid PKCS#10: {0}")]
     Malformed(String),
+    /// The request's self-signature does not verify.
     #[error("the CSR's signature does not verify with its own public key")]
     BadSignature,
+    /// The public key is unreadable or not ECDSA P-256/P-384 or RSA of 2048 to 8192 bits.
     #[error("the CSR's key is not accepted: {0}")]
     Key(String),
+    /// [`new_csr`] could not generate the key or build the request.
     #[error("cannot build a CSR: {0}")]
     Build(String),
 }
@@ -59,6 +68,7 @@ impl CertificateRequest {
         Self::parse_der(der.as_ref())
     }
 
+    /// [`parse_pem`](Self::parse_pem) for a DER-encoded CSR, with the same checks.
     pub fn parse_der(der: &[u8]) -> Result<Self, CsrError> {
         if der.len() > MAX_CSR_PEM_BYTES {
             return Err(CsrError::TooLarge { len: der.len() });
@@ -83,10 +93,12 @@ impl CertificateRequest {
         })
     }
 
+    /// The requester's public key, which the issued leaf certifies.
     pub fn public_key(&self) -> &SubjectPublicKeyInfo {
         &self.public_key
     }
 
+    /// The URI SANs the requester asked for (not what is issued).
     pub fn requested_uris(&self) -> &[String] {
         &self.requested_uris
     }

@@ -20,9 +20,13 @@ use crate::pem::pem_encode;
 use crate::validity::to_system_time;
 use crate::{CaError, CertificateAuthority};
 
+/// The CA's signing certificate.
 pub const CA_CERT_FILE: &str = "ca-cert.pem";
+/// The CA's private key (written 0600).
 pub const CA_KEY_FILE: &str = "ca-key.pem";
+/// The trust roots peers verify against.
 pub const ROOT_CERT_FILE: &str = "root-cert.pem";
+/// The chain from the signing certificate up to (possibly including) the root.
 pub const CERT_CHAIN_FILE: &str = "cert-chain.pem";
 
 impl CertificateAuthority {

@@ -19,13 +19,18 @@ use shared_types::identity::Identity;
 /// `!Presence` (any non-empty value). The map form `{Exact: a}` and JSON are accepted too.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StringMatch {
+    /// The value equals this string.
     Exact(String),
+    /// The value starts with this string.
     Prefix(String),
+    /// The value ends with this string.
     Suffix(String),
+    /// Any non-empty value.
     Presence,
 }
 
 impl StringMatch {
+    /// Whether `value` satisfies this matcher.
     pub fn matches(&self, value: &str) -> bool {
         match self {
             StringMatch::Exact(s) => value == s,
@@ -120,11 +125,14 @@ impl<'de> Deserialize<'de> for StringMatch {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceAccountMatch {
+    /// Namespace of the source identity.
     pub namespace: String,
+    /// Service account of the source identity.
     pub service_account: String,
 }
 
 impl ServiceAccountMatch {
+    /// Whether `id` has this namespace and service account, in any trust domain.
     pub fn matches(&self, id: &Identity) -> bool {
         id.namespace == self.namespace && id.service_account == self.service_account
     }
@@ -141,10 +149,14 @@ pub enum Scope {
     WorkloadSelector,
 }
 
+/// What a policy does to the connections it matches (`action: Allow|Deny`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Action {
+    /// Let matching connections through; once an enforced (not dry-run) ALLOW policy applies
+    /// to a workload, connections no such policy matches are refused. `ALLOW` is accepted too.
     #[serde(alias = "ALLOW")]
     Allow,
+    /// Refuse matching connections; checked before any ALLOW policy. `DENY` is accepted too.
     #[serde(alias = "DENY")]
     Deny,
 }
@@ -172,56 +184,71 @@ impl fmt::Display for Scope {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RbacMatch {
+    /// `namespaces`: the source identity's namespace must match one of these (fails
+    /// without an identity, i.e. for plaintext).
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub namespaces: Vec<StringMatch>,
+    /// `notNamespaces`: the source identity's namespace must match none of these.
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub not_namespaces: Vec<StringMatch>,
+    /// `serviceAccounts`: the source identity must be one of these service accounts
+    /// (fails without an identity).
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub service_accounts: Vec<ServiceAccountMatch>,
+    /// `notServiceAccounts`: the source identity must be none of these service accounts.
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub not_service_accounts: Vec<ServiceAccountMatch>,
+    /// `principals`: the source principal (`<trust domain>/ns/<ns>/sa/<sa>`, without
+    /// `spiffe://`) must match one of these (fails without an identity).
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub principals: Vec<StringMatch>,
+    /// `notPrincipals`: the source principal must match none of these.
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub not_principals: Vec<StringMatch>,
+    /// `sourceIps`: the source IP must be in one of these CIDRs.
     #[serde(default, with = "cidr_list", skip_serializing_if = "Vec::is_empty")]
     pub source_ips: Vec<IpNet>,
+    /// `notSourceIps`: the source IP must be in none of these CIDRs.
     #[serde(default, with = "cidr_list", skip_serializing_if = "Vec::is_empty")]
     pub not_source_ips: Vec<IpNet>,
+    /// `destinationIps`: the destination IP must be in one of these CIDRs.
     #[serde(default, with = "cidr_list", skip_serializing_if = "Vec::is_empty")]
     pub destination_ips: Vec<IpNet>,
+    /// `notDestinationIps`: the destination IP must be in none of these CIDRs.
     #[serde(default, with = "cidr_list", skip_serializing_if = "Vec::is_empty")]
     pub not_destination_ips: Vec<IpNet>,
+    /// `destinationPorts`: the destination port must be one of these.
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub destination_ports: Vec<u16>,
+    /// `notDestinationPorts`: the destination port must be none of these.
     #[serde(
         default,
         deserialize_with = "null_as_default",
@@ -272,10 +299,14 @@ fn field<T>(positive: &[T], negative: &[T], mut hit: impl FnMut(&T) -> bool) -> 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Authorization {
+    /// Policy name (e.g. the AuthorizationPolicy's `metadata.name`).
     pub name: String,
+    /// Namespace the policy lives in; with `name` it forms the policy's key.
     #[serde(default)]
     pub namespace: String,
+    /// Which workloads the policy applies to: Global, Namespace or WorkloadSelector.
     pub scope: Scope,
+    /// Whether a match allows or denies the connection.
     pub action: Action,
     /// Rules (any) -> clauses (all) -> matches (any). No rules: the policy matches nothing.
     #[serde(default, deserialize_with = "null_as_default")]
@@ -313,8 +344,11 @@ impl Authorization {
 /// What policy is evaluated against. `src_identity` None = plaintext (no peer identity).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ConnectionAttrs {
+    /// The peer's identity from its HBONE client certificate; `None` for plaintext.
     pub src_identity: Option<Identity>,
+    /// The connection's source IP.
     pub src_ip: IpAddr,
+    /// The destination workload address and port the connection is for.
     pub dst: SocketAddr,
 }
 
@@ -343,8 +377,10 @@ pub fn is_peer_authentication(key: &str) -> bool {
 /// Why a connection was refused (HBONE answers 401, plaintext is closed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Denied {
+    /// A DENY policy matched; holds its `namespace/name` key.
     #[error("denied by policy {0}")]
     ByDeny(String),
+    /// ALLOW policies apply to the destination, but none matched.
     #[error("no ALLOW policy matched")]
     NoAllowMatch,
 }

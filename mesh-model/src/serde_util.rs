@@ -50,6 +50,8 @@ impl<'de> serde::Deserialize<'de> for PortKey {
 pub mod port_map {
     use super::*;
 
+    /// Reads a port map whose keys and values may be integers or strings; `null`
+    /// gives an empty map.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<u16, u16>, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
@@ -72,6 +74,7 @@ pub mod port_map {
         d.deserialize_any(V)
     }
 
+    /// Writes the map ordered by service port.
     pub fn serialize<S: Serializer>(m: &HashMap<u16, u16>, s: S) -> Result<S::Ok, S::Error> {
         let sorted: BTreeMap<_, _> = m.iter().collect();
         let mut out = s.serialize_map(Some(sorted.len()))?;
@@ -91,6 +94,8 @@ pub mod service_port_maps {
 
     type Map = HashMap<String, HashMap<u16, u16>>;
 
+    /// Reads the map; `null`, for the whole map or for one service's ports, gives an
+    /// empty map.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Map, D::Error> {
         let raw: Option<HashMap<String, Option<Ports>>> = serde::Deserialize::deserialize(d)?;
         Ok(raw
@@ -100,6 +105,7 @@ pub mod service_port_maps {
             .collect())
     }
 
+    /// Writes the map ordered by service key, then by service port.
     pub fn serialize<S: Serializer>(m: &Map, s: S) -> Result<S::Ok, S::Error> {
         let sorted: BTreeMap<_, BTreeMap<_, _>> =
             m.iter().map(|(k, v)| (k, v.iter().collect())).collect();
@@ -112,6 +118,7 @@ pub mod service_port_maps {
 pub mod cidr_list {
     use super::*;
 
+    /// Parses one CIDR, or a bare IP as a single-host network; the error quotes the input.
     pub fn parse(text: &str) -> Result<IpNet, String> {
         let t = text.trim();
         if let Ok(net) = t.parse::<IpNet>() {
@@ -125,6 +132,7 @@ pub mod cidr_list {
         ))
     }
 
+    /// Reads a list of CIDRs (`null` gives an empty list).
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
@@ -146,6 +154,7 @@ pub mod cidr_list {
         d.deserialize_any(V)
     }
 
+    /// Writes each network as `<ip>/<prefix length>` text.
     pub fn serialize<S: Serializer>(v: &[IpNet], s: S) -> Result<S::Ok, S::Error> {
         let mut out = s.serialize_seq(Some(v.len()))?;
         for n in v {

@@ -17,8 +17,10 @@ use super::workload::{GatewayAddress, HealthStatus};
 /// Why an address or hostname string was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AddressParseError {
+    /// Not `<network>/<ip>` or a bare IP; holds the rejected text.
     #[error("invalid network address {0:?} (expected \"<network>/<ip>\", e.g. \"/10.96.0.10\")")]
     NetworkAddress(String),
+    /// Not `<namespace>/<hostname>` with both parts non-empty; holds the rejected text.
     #[error("invalid namespaced hostname {0:?} (expected \"<namespace>/<hostname>\")")]
     NamespacedHostname(String),
 }
@@ -27,7 +29,9 @@ pub enum AddressParseError {
 /// A bare IP is accepted as the default network.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NetworkAddress {
+    /// Network name; empty for the default network.
     pub network: String,
+    /// The IP on that network.
     pub address: IpAddr,
 }
 
@@ -68,7 +72,9 @@ impl<'de> Deserialize<'de> for NetworkAddress {
 /// `namespace/hostname`: how workloads name the services they back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NamespacedHostname {
+    /// Namespace the hostname belongs to.
     pub namespace: String,
+    /// Service hostname, e.g. `svc.ns.svc.cluster.local`.
     pub hostname: String,
 }
 
@@ -95,44 +101,67 @@ impl fmt::Display for NamespacedHostname {
 /// Istio's load-balancing knobs; only `healthPolicy` changes our endpoint choice today.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LoadBalancerMode {
+    /// No locality constraint (xDS sends it as unspecified).
     Standard,
+    /// Only endpoints that match the client on every routing preference.
     Strict,
+    /// Prefer endpoints matching more routing preferences, falling back to the rest.
     Failover,
+    /// Pick no endpoint: forward to the original destination address.
     Passthrough,
 }
 
+/// Whether unhealthy endpoints of a service may receive traffic (`healthPolicy`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LoadBalancerHealthPolicy {
+    /// Only healthy endpoints (the default).
     #[default]
     OnlyHealthy,
+    /// Unhealthy endpoints too.
     AllowAll,
 }
 
+/// A topology level a routing preference compares between client and endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LoadBalancerScope {
+    /// Same region.
     Region,
+    /// Same zone.
     Zone,
+    /// Same subzone.
     Subzone,
+    /// Same node.
     Node,
+    /// Same cluster.
     Cluster,
+    /// Same network.
     Network,
 }
 
+/// A service's `loadBalancer` settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LoadBalancer {
+    /// Topology levels an endpoint should share with the client, checked in order.
     #[serde(default, deserialize_with = "null_as_default")]
     pub routing_preferences: Vec<LoadBalancerScope>,
+    /// How `routing_preferences` are applied; `None` means Istio's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<LoadBalancerMode>,
+    /// Whether unhealthy endpoints get traffic; only healthy ones by default.
     #[serde(default)]
     pub health_policy: LoadBalancerHealthPolicy,
 }
 
+/// The IP families a service has (Kubernetes `ipFamilies`); decides which address
+/// of a dual-stack endpoint is dialled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum IpFamily {
+    /// IPv4 and IPv6: use the family of the VIP that was dialled.
     Dual,
+    /// IPv4 only.
     IPv4,
+    /// IPv6 only.
     IPv6,
 }
 
@@ -140,22 +169,32 @@ pub enum IpFamily {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Endpoint {
+    /// Uid of the workload behind this endpoint.
     pub workload_uid: String,
+    /// Service port -> target port for this endpoint; wins over the workload's and the
+    /// service's own mappings.
     #[serde(default, with = "port_map")]
     pub port: HashMap<u16, u16>,
+    /// The endpoint's health; an unhealthy one gets no traffic unless the health policy is `AllowAll`.
     #[serde(default)]
     pub status: HealthStatus,
 }
 
+/// A service: a hostname and VIPs fronting the workloads that back it (an entry of
+/// the local config's `services`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Service {
+    /// Service name.
     #[serde(default)]
     pub name: String,
+    /// Service namespace.
     #[serde(default)]
     pub namespace: String,
+    /// Fully qualified hostname, e.g. `svc.ns.svc.cluster.local`.
     #[serde(default)]
     pub hostname: String,
+    /// Virtual IPs, written `network/ip` (`/10.96.0.10` on the default network).
     #[serde(default, deserialize_with = "null_as_default")]
     pub vips: Vec<NetworkAddress>,
     /// Service port -> default target port (a workload's own mapping wins).
@@ -166,18 +205,26 @@ pub struct Service {
     #[serde(default, deserialize_with = "null_as_default")]
     pub subject_alt_names: Vec<String>,
 
+    /// Endpoints listed on the service itself, keyed by workload uid; merged with the
+    /// workloads whose `services` map names this service.
     #[serde(
         default,
         deserialize_with = "null_as_default",
         skip_serializing_if = "HashMap::is_empty"
     )]
     pub endpoints: HashMap<String, Endpoint>,
+    /// Waypoint for traffic to this service; ztunnel refuses such connections, as it
+    /// does not support waypoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<GatewayAddress>,
+    /// Load-balancing settings; only `healthPolicy` is acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_balancer: Option<LoadBalancer>,
+    /// IP families of the service; `None` uses the family of the VIP dialled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip_families: Option<IpFamily>,
+    /// Whether this is the authoritative entry for its hostname when several services
+    /// (e.g. a Service and a ServiceEntry) share it.
     #[serde(default, skip_serializing_if = "is_default")]
     pub canonical: bool,
 }

@@ -28,6 +28,7 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// Istio's spelling: `TCP` or `HBONE`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Protocol::Tcp => "TCP",
@@ -45,16 +46,20 @@ impl fmt::Display for Protocol {
 /// Readiness as reported by the control plane; unhealthy workloads get no service traffic.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum HealthStatus {
+    /// Ready: may receive service traffic (the default).
     #[default]
     Healthy,
+    /// Not ready: gets no service traffic unless the service's health policy is `AllowAll`.
     Unhealthy,
 }
 
 /// Host-network workloads share the node's IPs, so they are never indexed by address.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum NetworkMode {
+    /// The workload has its own IPs (the default).
     #[default]
     Standard,
+    /// The workload uses its node's network and IPs.
     HostNetwork,
 }
 
@@ -62,15 +67,20 @@ pub enum NetworkMode {
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Locality {
+    /// Region, e.g. from `topology.kubernetes.io/region`.
     pub region: String,
+    /// Zone within the region.
     pub zone: String,
+    /// Subzone within the zone (Istio's `topology.istio.io/subzone`).
     pub subzone: String,
 }
 
 /// Where a waypoint or network gateway is reached: `network/ip` or `namespace/hostname`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum GatewayDestination {
+    /// An IP on a network (`network/ip`).
     Address(NetworkAddress),
+    /// A service (`namespace/hostname`).
     Hostname(NamespacedHostname),
 }
 
@@ -106,7 +116,9 @@ impl<'de> Deserialize<'de> for GatewayDestination {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayAddress {
+    /// Where the gateway is reached.
     pub destination: GatewayDestination,
+    /// Port the gateway accepts HBONE on (usually 15008).
     #[serde(default)]
     pub hbone_mtls_port: u16,
 }
@@ -114,16 +126,22 @@ pub struct GatewayAddress {
 /// Protocol a workload's own tunnel (e.g. a waypoint) expects inside HBONE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ApplicationTunnelProtocol {
+    /// Plain bytes, no extra framing.
     #[serde(rename = "NONE")]
     None,
+    /// A PROXY protocol header ahead of the stream, carrying the original addresses.
     #[serde(rename = "PROXY")]
     Proxy,
 }
 
+/// `applicationTunnel`: how traffic is handed to a workload (e.g. a waypoint) once
+/// HBONE is terminated.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationTunnel {
+    /// Framing the workload expects.
     pub protocol: ApplicationTunnelProtocol,
+    /// Port to deliver to; `None` keeps the connection's destination port.
     #[serde(default)]
     pub port: Option<u16>,
 }
@@ -140,22 +158,31 @@ pub struct Workload {
     /// it empty, [`Workload::effective_uid`] derives one of that shape.
     #[serde(default)]
     pub uid: String,
+    /// Workload name (for a pod, the pod's name).
     #[serde(default)]
     pub name: String,
+    /// Kubernetes namespace.
     #[serde(default)]
     pub namespace: String,
+    /// Service account of its identity; empty means `default`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub service_account: String,
+    /// Trust domain of its identity; empty means `cluster.local`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub trust_domain: String,
+    /// IPs the workload is reached at (its pod IPs).
     #[serde(default, deserialize_with = "null_as_default")]
     pub workload_ips: Vec<IpAddr>,
+    /// How it accepts inbound traffic: `HBONE` or `TCP` (the default).
     #[serde(default)]
     pub protocol: Protocol,
+    /// Node the workload runs on.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
+    /// Network its IPs belong to; empty for the default network.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub network: String,
+    /// Readiness; unhealthy workloads get no service traffic.
     #[serde(default)]
     pub status: HealthStatus,
     /// Keys (`namespace/name`) of WorkloadSelector-scoped policies that select this workload.
@@ -173,30 +200,45 @@ pub struct Workload {
     )]
     pub services: HashMap<String, HashMap<u16, u16>>,
 
+    /// Waypoint for traffic to this workload; ztunnel refuses such connections, as it
+    /// does not support waypoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<GatewayAddress>,
+    /// East-west gateway that reaches the workload from another network (parsed, not used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_gateway: Option<GatewayAddress>,
+    /// Whether it has its own IPs or shares its node's (`HostNetwork`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub network_mode: NetworkMode,
+    /// Name of the owning workload, e.g. the Deployment (for telemetry).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub workload_name: String,
+    /// Kind of the owner, lowercase: `deployment`, `cronjob`, `pod` or `job`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub workload_type: String,
+    /// Istio canonical service name (`service.istio.io/canonical-name`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub canonical_name: String,
+    /// Istio canonical revision (`service.istio.io/canonical-revision`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub canonical_revision: String,
+    /// DNS name of a workload reached by name rather than by IP.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hostname: String,
+    /// The workload handles HBONE itself, so no ztunnel wraps or unwraps its traffic
+    /// (parsed, not used).
     #[serde(default, skip_serializing_if = "is_default")]
     pub native_tunnel: bool,
+    /// How traffic is handed to the workload after HBONE, if it needs framing (parsed, not used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub application_tunnel: Option<ApplicationTunnel>,
+    /// Cluster the workload runs in; used in the derived uid (`Kubernetes` if empty).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cluster_id: String,
+    /// Region, zone and subzone, for locality-aware load balancing.
     #[serde(default, skip_serializing_if = "is_default")]
     pub locality: Locality,
+    /// Relative load-balancing weight; 1 when unset.
     #[serde(default = "default_capacity")]
     pub capacity: u32,
 }
@@ -257,6 +299,7 @@ impl Workload {
         )
     }
 
+    /// Whether the workload is ready to receive service traffic.
     pub fn is_healthy(&self) -> bool {
         self.status == HealthStatus::Healthy
     }

@@ -36,8 +36,11 @@ fn err<T>(what: impl Into<String>) -> Result<T, ConvertError> {
 /// One resource of either type, converted.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Converted {
+    /// A workload `Address`.
     Workload(Box<Workload>),
+    /// A service `Address`.
     Service(Box<Service>),
+    /// An `Authorization` policy.
     Policy(Box<Authorization>),
 }
 
@@ -108,6 +111,7 @@ fn port_map(ports: Vec<pb::Port>, field: &str) -> Result<HashMap<u16, u16>, Conv
         .collect()
 }
 
+/// A `Workload`. It needs a uid; sidecar workloads (`LEGACY_ISTIO_MTLS`) are refused.
 pub fn workload(w: pb::Workload) -> Result<Workload, ConvertError> {
     if w.uid.is_empty() {
         return err("workload has no uid");
@@ -198,6 +202,8 @@ pub fn workload(w: pb::Workload) -> Result<Workload, ConvertError> {
     })
 }
 
+/// A `Service`. It needs a namespace and a hostname; endpoints listed on the service
+/// have no xDS field, so none are set.
 pub fn service(s: pb::Service) -> Result<Service, ConvertError> {
     if s.namespace.is_empty() || s.hostname.is_empty() {
         return err("service needs a namespace and a hostname");
@@ -265,6 +271,7 @@ pub fn service(s: pb::Service) -> Result<Service, ConvertError> {
     })
 }
 
+/// An `Authorization` policy. It needs a name.
 pub fn authorization(a: pb_sec::Authorization) -> Result<Authorization, ConvertError> {
     if a.name.is_empty() {
         return err("policy has no name");

@@ -19,31 +19,46 @@ const XTABLES_LOCK_WAIT: &str = "--wait=5";
 /// Chains whose presence says which backend kubelet/kube-proxy use (iptables-wrappers).
 const KUBE_CANARIES: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
 
+/// Why running or converging the iptables binaries failed.
 #[derive(Debug, thiserror::Error)]
 pub enum IptablesError {
+    /// The binary could not be started or waited on (e.g. it is not installed).
     #[error("running {cmd}: {source}")]
     Spawn {
+        /// The command line.
         cmd: String,
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
+    /// The command exited unsuccessfully.
     #[error("{cmd} failed ({status}): {stderr}")]
     Failed {
+        /// The command line.
         cmd: String,
+        /// Its exit status, as printed.
         status: String,
+        /// Its standard error, trimmed.
         stderr: String,
     },
+    /// A `*-save` dump could not be parsed.
     #[error("parsing {cmd} output: {source}")]
     Parse {
+        /// The save binary that printed it.
         cmd: String,
+        /// What the parser rejected.
         #[source]
         source: SaveParseError,
     },
+    /// The rules still differ from the wanted set after the restore.
     #[error("{family} rules still differ after restore: {result:?}")]
     NotConverged {
+        /// The family whose rules differ.
         family: IpFamily,
+        /// What the verifying check found.
         result: CheckResult,
     },
+    /// A backend name other than `nft` or `legacy` was parsed.
     #[error("unknown iptables backend {0:?} (want \"nft\" or \"legacy\")")]
     UnknownBackend(String),
 }
@@ -51,19 +66,23 @@ pub enum IptablesError {
 /// Which xtables binaries drive the kernel: `iptables-nft*` or `iptables-legacy*`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Backend {
+    /// `iptables-nft*`: rules go to nf_tables.
     Nft,
+    /// `iptables-legacy*`: rules go to the legacy xtables tables.
     Legacy,
 }
 
 /// What one backend's `*-save` showed on the host, for [`Backend::choose`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackendEvidence {
+    /// Rules in all tables of both families.
     pub rules: usize,
     /// Kubernetes' canary chains exist in this backend.
     pub kube_canary: bool,
 }
 
 impl Backend {
+    /// `"nft"` or `"legacy"`, as in the binaries' names.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Nft => "nft",

@@ -39,14 +39,19 @@ pub use plan::CheckResult;
 pub use probe::{ProbeError, ProbeSnat};
 pub use rules::{InpodRules, IpFamily, RuleSet};
 
+/// Why an in-pod redirection operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RedirectError {
+    /// Running, parsing or converging iptables failed.
     #[error(transparent)]
     Iptables(#[from] IptablesError),
+    /// Adding, removing or reading the fwmark rule or local route failed.
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
+    /// The job could not run in the pod's netns (opening or entering it, or its thread).
     #[error(transparent)]
     Netns(#[from] NetnsError),
+    /// An nf_tables netlink request failed, or the tables did not converge.
     #[error(transparent)]
     Nftables(#[from] nft::NftError),
 }
@@ -58,10 +63,14 @@ pub enum Mode {
     Iptables(Backend),
     /// Istio's native nftables tables, over netlink (`NATIVE_NFTABLES`). The xtables
     /// backend is kept to clean up rules a previous iptables-mode agent wrote.
-    Nftables { xtables: Backend },
+    Nftables {
+        /// The xtables backend, for that cleanup.
+        xtables: Backend,
+    },
 }
 
 impl Mode {
+    /// `"iptables"` or `"nftables"`, for logs.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Iptables(_) => "iptables",
@@ -80,6 +89,7 @@ pub struct InpodStatus {
 }
 
 impl InpodStatus {
+    /// Whether both the rules and the routing are as wanted.
     pub fn is_ok(&self) -> bool {
         self.rules.is_ok() && self.routing
     }
@@ -218,10 +228,12 @@ pub fn check_inpod(mode: Mode, rules: &InpodRules) -> Result<InpodStatus, Redire
 /// own OS thread, in the node's mode chosen once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Redirector {
+    /// The node's redirection mode, used for every operation.
     pub mode: Mode,
 }
 
 impl Redirector {
+    /// A redirector programming pods in `mode`.
     pub fn new(mode: Mode) -> Self {
         Redirector { mode }
     }
@@ -236,6 +248,7 @@ impl Redirector {
         netns.run_async(move || job(mode, &rules)).await?
     }
 
+    /// See [`enable_inpod`].
     pub async fn enable(
         &self,
         netns: &NetnsHandle,
@@ -266,6 +279,7 @@ impl Redirector {
             .await?
     }
 
+    /// See [`disable_inpod`].
     pub async fn disable(
         &self,
         netns: &NetnsHandle,
@@ -274,6 +288,7 @@ impl Redirector {
         self.run(netns, rules, disable_inpod).await
     }
 
+    /// See [`check_inpod`].
     pub async fn check(
         &self,
         netns: &NetnsHandle,

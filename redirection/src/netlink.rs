@@ -17,18 +17,25 @@ use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 use shared_types::constants::{CONNMARK, CONNMARK_MASK, ROUTE_RULE_PRIORITY, ROUTE_TABLE};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+/// Why the policy routing could not be read or changed.
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
+    /// The netlink socket or the tokio runtime could not be created.
     #[error("netlink socket or runtime: {0}")]
     Io(#[from] std::io::Error),
+    /// The kernel refused a netlink request.
     #[error("{op}: {source}")]
     Request {
+        /// What was being done (e.g. `adding fwmark rule`).
         op: &'static str,
+        /// The rtnetlink error.
         #[source]
         source: rtnetlink::Error,
     },
+    /// The netns has no `lo` interface for the local route.
     #[error("no loopback interface in this netns: {0}")]
     NoLoopback(nix::Error),
+    /// Called on a thread inside a tokio runtime, where blocking on its own would panic.
     #[error("called from async code; run it inside a netns job (NetnsHandle::run)")]
     InsideRuntime,
 }
@@ -36,9 +43,13 @@ pub enum NetlinkError {
 /// The fwmark rule and local route, as values (defaults are Istio's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyRouting {
+    /// The mark the rule matches (`fwmark`).
     pub fwmark: u32,
+    /// The mask applied to the mark before matching.
     pub mask: u32,
+    /// The rule's priority (`pref`).
     pub priority: u32,
+    /// The routing table holding the local route (`lookup`).
     pub table: u32,
 }
 
@@ -56,7 +67,9 @@ impl Default for PolicyRouting {
 /// What [`PolicyRouting::state`] found for one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoutingState {
+    /// Our fwmark rule exists.
     pub rule: bool,
+    /// Our local route exists.
     pub route: bool,
 }
 

@@ -26,6 +26,7 @@ pub enum CheckResult {
 }
 
 impl CheckResult {
+    /// Whether everything wanted is there and nothing else ([`CheckResult::Ok`]).
     pub fn is_ok(&self) -> bool {
         matches!(self, CheckResult::Ok)
     }

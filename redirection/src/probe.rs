@@ -22,25 +22,42 @@ use super::Mode;
 use std::net::IpAddr;
 use std::process::Command;
 
+/// The IPv4 probe set's name (an ipset, or an nftables set in nftables mode).
 pub const PROBE_IPSET_V4: &str = "istio-inpod-probes-v4";
+/// The IPv6 probe set's name (an ipset, or an nftables set in nftables mode).
 pub const PROBE_IPSET_V6: &str = "istio-inpod-probes-v6";
 /// Longest comment the kernel stores on a set entry.
 const MAX_COMMENT: usize = 255;
 
+/// Why the probe SNAT could not be read or changed.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
+    /// The `ipset` CLI could not be run.
     #[error("running ipset {args}: {source}")]
     Spawn {
+        /// Its arguments.
         args: String,
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
+    /// The `ipset` CLI exited unsuccessfully.
     #[error("ipset {args} failed: {stderr}")]
-    Ipset { args: String, stderr: String },
+    Ipset {
+        /// Its arguments.
+        args: String,
+        /// Its standard error, trimmed.
+        stderr: String,
+    },
+    /// Converging, checking or removing the host rules with iptables failed.
     #[error(transparent)]
     Iptables(#[from] IptablesError),
+    /// A netlink request (nf_tables, or an ipset member's add or delete) failed, or the
+    /// nftables host table did not converge.
     #[error(transparent)]
     Nftables(#[from] NftError),
+    /// A pod UID is empty, longer than 255 bytes, or has characters other than ASCII
+    /// letters, digits, `-`, `_` and `.`.
     #[error("pod UID {0:?} is not a valid set comment")]
     InvalidUid(String),
 }
@@ -48,7 +65,9 @@ pub enum ProbeError {
 /// One member of a probe set: a pod IP and the UID it was added for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeEntry {
+    /// The pod IP.
     pub ip: IpAddr,
+    /// The pod UID from the entry's comment, if any.
     pub uid: Option<String>,
 }
 
@@ -61,7 +80,9 @@ enum HostRules {
 /// The node's probe SNAT: the sets and the SNAT rules of each family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeSnat {
+    /// The node's mode: ipset and iptables, or nftables.
     pub mode: Mode,
+    /// Also program the IPv6 set and rule.
     pub ipv6: bool,
     /// Kubelet's uid, which the nftables rule matches (iptables matches any local socket).
     pub kubelet_uid: u32,
@@ -87,6 +108,7 @@ impl ProbeSnat {
         }
     }
 
+    /// The probe set's name for `family`.
     pub fn set_name(family: IpFamily) -> &'static str {
         match family {
             IpFamily::V4 => PROBE_IPSET_V4,
@@ -94,6 +116,7 @@ impl ProbeSnat {
         }
     }
 
+    /// The families programmed: IPv4, plus IPv6 when `ipv6`.
     pub fn families(&self) -> Vec<IpFamily> {
         if self.ipv6 {
             vec![IpFamily::V4, IpFamily::V6]

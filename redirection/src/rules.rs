@@ -27,14 +27,19 @@ const DNS_PORT: u16 = 53;
 /// The netfilter tables we put chains in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Table {
+    /// `mangle`: ztunnel's connection mark.
     Mangle,
+    /// `nat`: the capture redirects (on the host, the probe SNAT).
     Nat,
+    /// `raw`: DNS conntrack zones, with DNS capture.
     Raw,
 }
 
 impl Table {
+    /// Every table, in the order they are rendered and compared.
     pub const ALL: [Table; 3] = [Table::Mangle, Table::Nat, Table::Raw];
 
+    /// The table's name, as iptables spells it.
     pub fn name(self) -> &'static str {
         match self {
             Table::Mangle => "mangle",
@@ -47,7 +52,9 @@ impl Table {
 /// A chain we may own: where it lives and which built-in chain jumps to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ChainRef {
+    /// The table it lives in.
     pub table: Table,
+    /// The chain's name.
     pub name: &'static str,
     /// The built-in chain holding our single `-j <name>` jump.
     pub hook: &'static str,
@@ -56,7 +63,9 @@ pub struct ChainRef {
 /// A chain we want, with its rules (the text after `-A <chain> `), in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainRules {
+    /// The chain.
     pub chain: ChainRef,
+    /// Its rule specs, in order.
     pub rules: Vec<String>,
 }
 
@@ -64,6 +73,7 @@ pub struct ChainRules {
 /// (so leftovers, e.g. `raw` chains after DNS capture was turned off, are removed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSet {
+    /// The family (`iptables` or `ip6tables`).
     pub family: IpFamily,
     /// Every chain that is ours in this netns, wanted now or not.
     pub scope: Vec<ChainRef>,
@@ -117,9 +127,13 @@ impl RuleSet {
 /// Ports ztunnel listens on inside the pod netns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InpodPorts {
+    /// Outbound capture port (`15001`).
     pub outbound: u16,
+    /// Inbound plaintext capture port (`15006`).
     pub inbound_plaintext: u16,
+    /// HBONE port (`15008`), never redirected inbound.
     pub hbone: u16,
+    /// DNS proxy port (`15053`).
     pub dns: u16,
 }
 
@@ -145,6 +159,7 @@ pub struct InpodRules {
     pub inbound_capture: bool,
     /// ztunnel's `SO_MARK` (`PACKET_MARK`).
     pub packet_mark: u32,
+    /// The ports ztunnel listens on.
     pub ports: InpodPorts,
 }
 

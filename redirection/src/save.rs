@@ -19,6 +19,7 @@ pub struct SavedTable {
 }
 
 impl SavedTable {
+    /// Whether the table declares chain `name`.
     pub fn has_chain(&self, name: &str) -> bool {
         self.chains.iter().any(|c| c == name)
     }
@@ -35,16 +36,29 @@ impl SavedTable {
 /// A parsed `iptables-save` dump, by table name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SavedTables {
+    /// Each table of the dump, by name (`nat`, `mangle`, ...).
     pub tables: BTreeMap<String, SavedTable>,
 }
 
 /// Why a dump could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SaveParseError {
+    /// A chain declaration or rule before any `*table` line, or after its `COMMIT`.
     #[error("line {line}: {what} outside a table")]
-    OutsideTable { line: usize, what: &'static str },
+    OutsideTable {
+        /// The line number, from 1.
+        line: usize,
+        /// `chain` or `rule`.
+        what: &'static str,
+    },
+    /// A line that is no comment, `*table`, `COMMIT`, chain declaration or `-A` rule.
     #[error("line {line}: unexpected {text:?}")]
-    Unexpected { line: usize, text: String },
+    Unexpected {
+        /// The line number, from 1.
+        line: usize,
+        /// The line, trimmed.
+        text: String,
+    },
 }
 
 impl SavedTables {
@@ -93,6 +107,7 @@ impl SavedTables {
         Ok(SavedTables { tables })
     }
 
+    /// The dump of `table`, if it has one.
     pub fn table(&self, table: Table) -> Option<&SavedTable> {
         self.tables.get(table.name())
     }

@@ -36,8 +36,10 @@ pub struct CniPluginAddEvent {
     /// `CNI_NETNS`: the pod's network namespace path.
     #[serde(rename = "Netns")]
     pub netns: String,
+    /// `K8S_POD_NAME` from CNI_ARGS: the pod's name.
     #[serde(rename = "PodName")]
     pub pod_name: String,
+    /// `K8S_POD_NAMESPACE` from CNI_ARGS: the pod's namespace.
     #[serde(rename = "PodNamespace")]
     pub pod_namespace: String,
     /// The IPs of the `prevResult` (Go encodes an empty list as `null`).
@@ -60,6 +62,7 @@ pub struct PodIpConfig {
     /// Index into the CNI result's `interfaces` (Go `*int`, `null` when unknown).
     #[serde(rename = "Interface", default)]
     pub interface: Option<u32>,
+    /// The address with its prefix length.
     #[serde(rename = "Address")]
     pub address: GoIpNet,
     /// Go encodes a missing `net.IP` as `""`.
@@ -96,7 +99,9 @@ impl PodIpConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawIpNet", into = "RawIpNet")]
 pub struct GoIpNet {
+    /// The pod's own address (not the network address).
     pub ip: IpAddr,
+    /// Length of the mask in bits (at most 32 for IPv4, 128 for IPv6).
     pub prefix_len: u8,
 }
 
@@ -257,6 +262,7 @@ pub struct PluginLogEntry {
     pub level: String,
     /// RFC 3339, UTC.
     pub time: String,
+    /// The log message.
     pub msg: String,
     /// Context such as `pod`, `containerID`.
     #[serde(flatten)]
@@ -299,12 +305,17 @@ pub struct AmbientEnablementState {
 /// What the persisted state says about one namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NamespaceEnablement {
+    /// Listed as ambient: the plugin fails closed while the agent is down.
     Ambient,
+    /// Listed nowhere: the plugin lets the pod start.
     NotAmbient,
+    /// Listed as excluded (this wins over ambient): never enrolled; the plugin lets the pod
+    /// start.
     Excluded,
 }
 
 impl AmbientEnablementState {
+    /// State as of `now`, with both lists sorted and deduplicated.
     pub fn new(ambient: Vec<String>, excluded: Vec<String>, now: SystemTime) -> Self {
         let (mut ambient_namespaces, mut excluded_namespaces) = (ambient, excluded);
         ambient_namespaces.sort();
@@ -335,6 +346,7 @@ impl AmbientEnablementState {
         serde_json::from_slice(bytes).map_err(|e| e.to_string())
     }
 
+    /// How the state classifies `namespace`.
     pub fn namespace(&self, namespace: &str) -> NamespaceEnablement {
         let has = |list: &[String]| list.iter().any(|n| n == namespace);
         if has(&self.excluded_namespaces) {

@@ -14,12 +14,16 @@ const MAX_TRUST_DOMAIN_LEN: usize = 255;
 /// already trust); anything read from a peer goes through [`FromStr`], which is strict.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Identity {
+    /// SPIFFE trust domain, e.g. `cluster.local`.
     pub trust_domain: String,
+    /// Kubernetes namespace of the service account.
     pub namespace: String,
+    /// Name of the Kubernetes service account.
     pub service_account: String,
 }
 
 impl Identity {
+    /// Builds an identity from its parts, without validating them.
     pub fn new(
         trust_domain: impl Into<String>,
         namespace: impl Into<String>,
@@ -60,16 +64,36 @@ impl fmt::Display for Identity {
 /// Why a string is not an Istio SPIFFE id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdentityError {
+    /// Longer than the 2048 bytes SPIFFE allows.
     #[error("SPIFFE id is {len} bytes long, more than the {MAX_URI_LEN} allowed")]
-    TooLong { len: usize },
+    TooLong {
+        /// Length of the input in bytes.
+        len: usize,
+    },
+    /// Does not start with `spiffe://`.
     #[error("{input:?} is not a SPIFFE id: it must start with \"spiffe://\"")]
-    NotSpiffe { input: String },
+    NotSpiffe {
+        /// The rejected input.
+        input: String,
+    },
+    /// The trust domain is empty, too long, a dot segment or has forbidden characters.
     #[error("SPIFFE id {input:?} has an invalid trust domain: {reason}")]
-    TrustDomain { input: String, reason: &'static str },
+    TrustDomain {
+        /// The rejected input.
+        input: String,
+        /// What is wrong with the trust domain.
+        reason: &'static str,
+    },
+    /// The path is not `/ns/<namespace>/sa/<service-account>` with valid segments.
     #[error(
         "SPIFFE id {input:?} does not have the path /ns/<namespace>/sa/<service-account>: {reason}"
     )]
-    Path { input: String, reason: &'static str },
+    Path {
+        /// The rejected input.
+        input: String,
+        /// What is wrong with the path.
+        reason: &'static str,
+    },
 }
 
 impl FromStr for Identity {

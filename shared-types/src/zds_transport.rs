@@ -166,6 +166,7 @@ impl SeqpacketListener {
         Ok(SeqpacketListener { fd: register(fd)? })
     }
 
+    /// Waits for the next connection (from ztunnel) and returns it.
     pub async fn accept(&self) -> io::Result<SeqpacketStream> {
         loop {
             let mut guard = self.fd.readable().await?;

@@ -22,10 +22,13 @@ use anyhow::{bail, Context, Result};
 
 use crate::netns::Netns;
 
-/// TCP flags.
+/// TCP flag: the sender has no more data.
 pub const FIN: u8 = 0x01;
+/// TCP flag: synchronise sequence numbers (opens a connection).
 pub const SYN: u8 = 0x02;
+/// TCP flag: reset the connection.
 pub const RST: u8 = 0x04;
+/// TCP flag: the acknowledgment number is valid.
 pub const ACK: u8 = 0x10;
 
 /// Stop reading once this many payload bytes are held (a runaway test).
@@ -41,16 +44,24 @@ pub struct Packet {
     pub time: SystemTime,
     /// The bridge port it entered through.
     pub ifindex: i32,
+    /// Source address.
     pub src: IpAddr,
+    /// Destination address.
     pub dst: IpAddr,
+    /// Source port.
     pub sport: u16,
+    /// Destination port.
     pub dport: u16,
+    /// TCP sequence number.
     pub seq: u32,
+    /// TCP flags ([`FIN`], [`SYN`], [`RST`], [`ACK`], ...).
     pub flags: u8,
+    /// TCP payload (empty for a bare control segment).
     pub payload: Vec<u8>,
 }
 
 impl Packet {
+    /// Whether this is a connection's opening SYN (SYN set, ACK not).
     pub fn is_syn(&self) -> bool {
         self.flags & SYN != 0 && self.flags & ACK == 0
     }
@@ -59,6 +70,7 @@ impl Packet {
 /// What a finished capture holds.
 #[derive(Debug, Default)]
 pub struct Captured {
+    /// The TCP segments, in the order they were read.
     pub packets: Vec<Packet>,
     /// Frames read from the ports (any protocol).
     pub frames: u64,
@@ -352,7 +364,9 @@ pub fn parse_frame(frame: &[u8], time: SystemTime, ifindex: i32) -> Option<Packe
 /// One TCP connection as seen on the wire, keyed by its initiator's view.
 #[derive(Debug, Clone)]
 pub struct Flow {
+    /// The initiator's address and port.
     pub client: (IpAddr, u16),
+    /// The responder's address and port.
     pub server: (IpAddr, u16),
     /// When its first packet (normally the SYN) was seen.
     pub start: SystemTime,
@@ -361,10 +375,13 @@ pub struct Flow {
     /// Payload bytes, client to server and back, in capture order (no reassembly: a
     /// retransmission appears twice, which only makes searches stricter).
     pub to_server: Vec<u8>,
+    /// Payload bytes, server to client, in capture order.
     pub to_client: Vec<u8>,
     /// First payload byte each way, taken from the lowest sequence number seen.
     pub first_to_server: Option<u8>,
+    /// First payload byte server to client, from the lowest sequence number seen.
     pub first_to_client: Option<u8>,
+    /// Number of packets in the flow, both ways.
     pub packets: usize,
     /// A FIN or RST was seen.
     pub ended: bool,

@@ -58,6 +58,7 @@ impl Netns {
         Ok(ns)
     }
 
+    /// The namespace's name, as `ip netns` knows it.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -87,6 +87,7 @@ impl ChildGuard {
         ))
     }
 
+    /// The child's process id; 0 after [`kill`](Self::kill).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }

@@ -10,19 +10,24 @@ use crate::netns::{add_addr, Netns};
 /// A node namespace with pod bridge `br0` on `10.244.<index>.1/24` (and
 /// `fd00:10:244:<index>::1/64` when dual-stack).
 pub struct Node {
+    /// The node's number: the `<index>` of its pod CIDR.
     pub index: u8,
+    /// The node's network namespace.
     pub ns: Netns,
+    /// Whether its pods get an IPv6 address beside the IPv4 one.
     pub dual_stack: bool,
     next_pod: std::sync::atomic::AtomicU8,
 }
 
 /// A pod namespace with its addresses on its node's bridge.
 pub struct Pod {
+    /// The pod's name.
     pub name: String,
     /// The primary address: IPv4, or IPv6 for an IPv6-only pod.
     pub ip: String,
     /// The second address of a dual-stack pod (IPv6).
     pub ip6: Option<String>,
+    /// The pod's network namespace.
     pub ns: Netns,
 }
 
@@ -42,6 +47,7 @@ fn pod_prefix6(node: u8) -> String {
 }
 
 impl Node {
+    /// An IPv4-only node namespace with its pod bridge up and forwarding on.
     pub fn new(tag: &str, index: u8) -> Result<Self> {
         Self::create(tag, index, false)
     }

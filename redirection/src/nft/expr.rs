@@ -40,13 +40,18 @@ const IFNAMSIZ: usize = 16;
 /// `meta l4proto` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum L4 {
+    /// `IPPROTO_TCP`.
     Tcp = 6,
+    /// `IPPROTO_UDP`.
     Udp = 17,
 }
 
+/// Which end of a packet a match reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dir {
+    /// The source: `saddr`, `sport`.
     Src,
+    /// The destination: `daddr`, `dport`.
     Dst,
 }
 
@@ -57,43 +62,63 @@ pub enum Stmt {
     L4Proto(L4),
     /// `ip saddr 1.2.3.4`, `ip6 daddr != ::1/128` (host addresses only).
     Addr {
+        /// Source or destination address.
         dir: Dir,
+        /// The host address; its family picks `ip` or `ip6`.
         addr: IpAddr,
+        /// `==` when true, `!=` when false.
         eq: bool,
     },
     /// `ip daddr @set`
     AddrInSet {
+        /// `ip6 daddr` rather than `ip daddr`.
         v6: bool,
+        /// The set's name.
         set: String,
     },
     /// `tcp dport != 15008`, `udp sport 53`
     Port {
+        /// `tcp` or `udp`.
         l4: L4,
+        /// `sport` or `dport`.
         dir: Dir,
+        /// The port.
         port: u16,
+        /// `==` when true, `!=` when false.
         eq: bool,
     },
     /// `mark and 0xfff != 0x539`
     Mark {
+        /// Mask applied to the packet mark.
         mask: u32,
+        /// Value the masked mark is compared with.
         value: u32,
+        /// `==` when true, `!=` when false.
         eq: bool,
     },
     /// `ct mark and 0xfff == 0x111`
     CtMark {
+        /// Mask applied to the conntrack mark.
         mask: u32,
+        /// Value the masked mark is compared with.
         value: u32,
+        /// `==` when true, `!=` when false.
         eq: bool,
     },
     /// `oifname != lo`
     OifName {
+        /// The interface name (compared zero-padded to `IFNAMSIZ`).
         name: String,
+        /// `==` when true, `!=` when false.
         eq: bool,
     },
     /// `meta skuid 0`
     SkUid(u32),
+    /// `counter`
     Counter,
+    /// `accept`
     Accept,
+    /// `jump chain`
     Jump(String),
     /// `redirect to :port`
     Redirect(u16),
@@ -101,7 +126,9 @@ pub enum Stmt {
     Snat(IpAddr),
     /// `ct mark set ct mark & keep | or`
     CtMarkSetMasked {
+        /// Bits of the current conntrack mark kept.
         keep: u32,
+        /// Bits then set.
         or: u32,
     },
     /// `meta mark set ct mark`

@@ -9,12 +9,17 @@ use crate::rules::{InpodRules, IpFamily};
 use shared_types::constants::{CONNMARK, CONNMARK_MASK};
 use std::net::IpAddr;
 
+/// Istio's nat table: the in-pod capture redirects (on the host, the probe SNAT).
 pub const TABLE_NAT: &str = "istio-ambient-nat";
+/// Istio's in-pod mangle table: ztunnel's connection mark.
 pub const TABLE_MANGLE: &str = "istio-ambient-mangle";
+/// Istio's in-pod raw table: DNS conntrack zones, only with DNS capture.
 pub const TABLE_RAW: &str = "istio-ambient-raw";
 /// Every table the in-pod rules may own.
 pub const INPOD_TABLES: [&str; 3] = [TABLE_NAT, TABLE_MANGLE, TABLE_RAW];
+/// Our in-pod regular chain, jumped to from each table's `prerouting` base chain.
 pub const CHAIN_PREROUTING: &str = "istio-prerouting";
+/// Our in-pod regular chain, jumped to from each table's `output` base chain.
 pub const CHAIN_OUTPUT: &str = "istio-output";
 const DNS_PORT: u16 = 53;
 /// `ct zone` of ztunnel's DNS proxy <-> upstream flows (istio/istio#33469).

@@ -233,6 +233,7 @@ fn compare_table(
 /// and their rules in the host's `inet istio-ambient-nat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostProbe {
+    /// Also program the IPv6 set and rule.
     pub ipv6: bool,
     /// Only packets of kubelet's sockets are SNATed (its probes).
     pub kubelet_uid: u32,
@@ -247,6 +248,8 @@ impl HostProbe {
         .families()
     }
 
+    /// The host table as a value: the probe sets, and the `postrouting` chain with its
+    /// rules.
     pub fn table(&self) -> Table {
         istio_tables::host_table(&self.families(), self.kubelet_uid)
     }
@@ -274,6 +277,8 @@ impl HostProbe {
         }
     }
 
+    /// Compares the host table's chains and rules with the wanted ones (sets and their
+    /// members are not inspected).
     pub fn check(&self) -> Result<CheckResult, NftError> {
         check_tables(&mut Session::open()?, &[self.table()], &[TABLE_NAT])
     }

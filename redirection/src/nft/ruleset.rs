@@ -11,8 +11,11 @@ use std::fmt::Write as _;
 /// Netfilter hooks (`enum nf_inet_hooks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
+    /// `NF_INET_PRE_ROUTING`.
     Prerouting = 0,
+    /// `NF_INET_LOCAL_OUT`.
     Output = 3,
+    /// `NF_INET_POST_ROUTING`.
     Postrouting = 4,
 }
 
@@ -29,38 +32,53 @@ impl Hook {
 /// A base chain's `type`, hook and priority.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BaseChain {
+    /// The chain type (`NFTA_CHAIN_TYPE`): `nat`, `filter` or `route`.
     pub kind: &'static str,
+    /// The hook it is attached to (`NFTA_HOOK_HOOKNUM`).
     pub hook: Hook,
+    /// Its priority at that hook (`NFTA_HOOK_PRIORITY`).
     pub priority: i32,
 }
 
+/// A chain of a table: a base chain on a hook, or a regular one reached by jumps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chain {
+    /// The chain's name.
     pub name: &'static str,
+    /// Type, hook and priority of a base chain; `None` for a regular chain.
     pub base: Option<BaseChain>,
 }
 
+/// One rule, appended to its chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
+    /// The chain it is appended to.
     pub chain: &'static str,
     /// The rule in `nft` syntax, spelled as Istio spells it.
     pub text: String,
+    /// The same rule as statements, lowered to what is sent over netlink.
     pub stmts: Vec<Stmt>,
 }
 
 /// A named set of addresses (the host's probe sets).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Set {
+    /// The set's name.
     pub name: &'static str,
+    /// The family of its addresses (its key type).
     pub family: IpFamily,
 }
 
 /// One `inet` table and everything in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
+    /// The table's name (family `inet`).
     pub name: &'static str,
+    /// Its sets.
     pub sets: Vec<Set>,
+    /// Its chains.
     pub chains: Vec<Chain>,
+    /// Its rules, in order within each chain.
     pub rules: Vec<Rule>,
 }
 
@@ -125,6 +143,8 @@ pub fn set_key_type(family: IpFamily) -> (&'static str, u32, u32) {
     }
 }
 
+/// A table message (`NFTA_TABLE_NAME` only), acknowledged; `NFT_MSG_NEWTABLE` also
+/// gets `NLM_F_CREATE`.
 pub fn table_msg(ty: MsgType, table: &str) -> Msg {
     let flags = match ty {
         MsgType::NewTable => NLM_F_CREATE | NLM_F_ACK,
@@ -133,6 +153,8 @@ pub fn table_msg(ty: MsgType, table: &str) -> Msg {
     Msg::new(ty, flags, vec![Attr::string(1, table)]) // NFTA_TABLE_NAME
 }
 
+/// A chain's attributes, as created and as compared with the dump: `NFTA_CHAIN_TABLE`
+/// and `NFTA_CHAIN_NAME`, plus `NFTA_CHAIN_HOOK` and `NFTA_CHAIN_TYPE` for a base chain.
 pub fn chain_attrs(table: &str, c: &Chain) -> Vec<Attr> {
     let mut attrs = vec![Attr::string(1, table), Attr::string(3, c.name)]; // TABLE, NAME
     if let Some(b) = c.base {

@@ -17,18 +17,25 @@ const REPLY_TIMEOUT_SECS: i64 = 5;
 /// Room for one datagram of a dump (the kernel fills up to a page or so per recv).
 const RECV_BUFFER: usize = 64 * 1024;
 
+/// Why an nf_tables (or ipset) netlink operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
+    /// The socket could not be opened, or a send or receive failed (the reply timeout included).
     #[error("nf_tables netlink socket: {0}")]
     Io(#[from] io::Error),
+    /// The kernel answered a request with an error.
     #[error("nf_tables rejected the transaction ({op}): {source}")]
     Rejected {
+        /// Which message or request was refused.
         op: String,
+        /// The kernel's errno.
         #[source]
         source: io::Error,
     },
+    /// A reply could not be parsed.
     #[error("malformed nf_tables reply")]
     Malformed,
+    /// Read back after the transaction, the tables still differ from what was sent.
     #[error("nftables state still differs after the transaction: {0:?}")]
     NotConverged(crate::CheckResult),
 }
@@ -38,6 +45,7 @@ pub enum NftError {
 pub struct Dumped(pub Vec<u8>);
 
 impl Dumped {
+    /// The object's attributes as (type, payload) pairs; empty if malformed.
     pub fn attrs(&self) -> Vec<(u16, &[u8])> {
         wire::parse_attrs(&self.0).unwrap_or_default()
     }
@@ -54,6 +62,8 @@ impl Dumped {
     }
 }
 
+/// A `NETLINK_NETFILTER` socket in the netns of the thread that opened it, with its
+/// next sequence number.
 pub struct Session {
     socket: Socket,
     seq: u32,

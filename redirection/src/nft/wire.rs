@@ -9,36 +9,58 @@
 
 /// `NETLINK_NETFILTER` subsystem of nf_tables.
 pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
+/// `NFNL_MSG_BATCH_BEGIN`: opens an atomic batch.
 pub const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+/// `NFNL_MSG_BATCH_END`: commits the batch.
 pub const NFNL_MSG_BATCH_END: u16 = 0x11;
 /// `NFPROTO_INET`: the family of every table we own.
 pub const NFPROTO_INET: u8 = 1;
+/// `NFPROTO_IPV4`.
 pub const NFPROTO_IPV4: u8 = 2;
+/// `NFPROTO_IPV6`.
 pub const NFPROTO_IPV6: u8 = 10;
 
 /// `enum nf_tables_msg_types`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u16)]
 pub enum MsgType {
+    /// `NFT_MSG_NEWTABLE`: creates a table.
     NewTable = 0,
+    /// `NFT_MSG_GETTABLE`: gets or dumps tables.
     GetTable = 1,
+    /// `NFT_MSG_DELTABLE`: deletes a table and everything in it.
     DelTable = 2,
+    /// `NFT_MSG_NEWCHAIN`: creates a chain.
     NewChain = 3,
+    /// `NFT_MSG_GETCHAIN`: gets or dumps chains.
     GetChain = 4,
+    /// `NFT_MSG_NEWRULE`: adds a rule.
     NewRule = 6,
+    /// `NFT_MSG_GETRULE`: gets or dumps rules.
     GetRule = 7,
+    /// `NFT_MSG_DELRULE`: deletes a rule, or all of a chain's rules.
     DelRule = 8,
+    /// `NFT_MSG_NEWSET`: creates a set.
     NewSet = 9,
+    /// `NFT_MSG_NEWSETELEM`: adds set elements.
     NewSetElem = 12,
+    /// `NFT_MSG_GETSETELEM`: gets or dumps set elements.
     GetSetElem = 13,
+    /// `NFT_MSG_DELSETELEM`: deletes set elements.
     DelSetElem = 14,
+    /// `NFT_MSG_DESTROYTABLE`: deletes a table; an absent one is not an error.
     DestroyTable = 26,
 }
 
+/// `NLM_F_REQUEST`: the message is a request.
 pub const NLM_F_REQUEST: u16 = 0x1;
+/// `NLM_F_ACK`: asks for an acknowledgement.
 pub const NLM_F_ACK: u16 = 0x4;
+/// `NLM_F_DUMP`: asks for every matching object.
 pub const NLM_F_DUMP: u16 = 0x300;
+/// `NLM_F_CREATE`: creates the object if it does not exist.
 pub const NLM_F_CREATE: u16 = 0x400;
+/// `NLM_F_APPEND`: adds the rule at the end of its chain.
 pub const NLM_F_APPEND: u16 = 0x800;
 const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
@@ -48,17 +70,23 @@ const NFGENMSG_LEN: usize = 4;
 /// A netlink attribute: bytes, or attributes nested inside it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attr {
+    /// The attribute type (`nla_type`, without `NLA_F_NESTED`).
     pub ty: u16,
+    /// Its payload.
     pub value: Value,
 }
 
+/// An attribute's payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
+    /// Raw bytes, sent as they are.
     Bytes(Vec<u8>),
+    /// Nested attributes (encoded with `NLA_F_NESTED`).
     Nested(Vec<Attr>),
 }
 
 impl Attr {
+    /// An attribute holding `bytes` as they are.
     pub fn bytes(ty: u16, bytes: impl Into<Vec<u8>>) -> Attr {
         Attr {
             ty,
@@ -78,6 +106,7 @@ impl Attr {
         Attr::bytes(ty, v.to_be_bytes())
     }
 
+    /// An attribute nesting `attrs`.
     pub fn nested(ty: u16, attrs: Vec<Attr>) -> Attr {
         Attr {
             ty,
@@ -169,13 +198,18 @@ pub fn parse_attrs(mut bytes: &[u8]) -> Option<Vec<(u16, &[u8])>> {
 /// One nf_tables request: the message type, its flags and its attributes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Msg {
+    /// The nf_tables message type.
     pub ty: MsgType,
+    /// `NLM_F_*` flags (`NLM_F_REQUEST` is always added).
     pub flags: u16,
+    /// The `nfgenmsg` family (`NFPROTO_*`).
     pub family: u8,
+    /// Its attributes.
     pub attrs: Vec<Attr>,
 }
 
 impl Msg {
+    /// A message of the `inet` family.
     pub fn new(ty: MsgType, flags: u16, attrs: Vec<Attr>) -> Msg {
         Msg {
             ty,
@@ -269,12 +303,17 @@ pub fn encode_request(msg: &Msg, seq: u32) -> Vec<u8> {
 /// `nlmsghdr`.
 #[derive(Debug)]
 pub struct Reply<'a> {
+    /// `nlmsg_type`.
     pub ty: u16,
+    /// `nlmsg_seq`: the request it answers.
     pub seq: u32,
+    /// What follows the header.
     pub payload: &'a [u8],
 }
 
+/// `NLMSG_ERROR`: an error, or an acknowledgement (errno 0).
 pub const NLMSG_ERROR: u16 = 2;
+/// `NLMSG_DONE`: the end of a dump.
 pub const NLMSG_DONE: u16 = 3;
 
 /// Splits a datagram into netlink messages; `None` if it is malformed.

@@ -3,13 +3,17 @@
 
 use prost::Message;
 
+/// Fully qualified gRPC name of Istio's certificate service.
 pub const SERVICE: &str = "istio.v1.auth.IstioCertificateService";
+/// gRPC method path of `CreateCertificate`.
 pub const CREATE_CERTIFICATE: &str = "/istio.v1.auth.IstioCertificateService/CreateCertificate";
 /// The `metadata` field a node proxy sets to ask for one of its pods' identities.
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
 /// A CSR plus metadata is a few KiB; more is refused before it is decoded.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
+/// A request for a signed workload certificate: a CSR for the caller's identity, or for
+/// the one it impersonates.
 #[derive(Clone, PartialEq, Message)]
 pub struct IstioCertificateRequest {
     /// PEM-encoded PKCS#10 request.
@@ -18,10 +22,13 @@ pub struct IstioCertificateRequest {
     /// Requested lifetime in seconds; ≤ 0 means the CA's default.
     #[prost(int64, tag = "3")]
     pub validity_duration: i64,
+    /// Extra request data as a protobuf `Struct`; node proxies set
+    /// [`IMPERSONATED_IDENTITY`] in it.
     #[prost(message, optional, tag = "4")]
     pub metadata: Option<prost_types::Struct>,
 }
 
+/// The CA's answer to an [`IstioCertificateRequest`]: the signed chain.
 #[derive(Clone, PartialEq, Message)]
 pub struct IstioCertificateResponse {
     /// Leaf first, root last; one PEM certificate per element.

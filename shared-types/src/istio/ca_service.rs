@@ -17,6 +17,8 @@ use super::ca::{
 
 /// The CA as a server implements it.
 pub trait IstioCertificateService: Send + Sync + 'static {
+    /// Answers one `CreateCertificate` call: the signed chain, or a gRPC status saying why
+    /// the request is refused.
     fn create_certificate(
         &self,
         request: tonic::Request<IstioCertificateRequest>,
@@ -33,6 +35,7 @@ pub struct IstioCertificateServiceServer<T> {
 }
 
 impl<T> IstioCertificateServiceServer<T> {
+    /// Serves `inner`, shared with any clones of the server.
     pub fn new(inner: Arc<T>) -> Self {
         IstioCertificateServiceServer { inner }
     }
@@ -96,12 +99,15 @@ pub struct IstioCertificateServiceClient {
 }
 
 impl IstioCertificateServiceClient {
+    /// A client that sends its calls over `channel`.
     pub fn new(channel: tonic::transport::Channel) -> Self {
         IstioCertificateServiceClient {
             inner: tonic::client::Grpc::new(channel),
         }
     }
 
+    /// Calls `CreateCertificate`; the caller puts its credentials ([`super::metadata`]) in
+    /// `request`'s metadata. Fails with `Unavailable` when the CA cannot be reached.
     pub async fn create_certificate(
         &mut self,
         request: tonic::Request<IstioCertificateRequest>,

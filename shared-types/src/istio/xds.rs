@@ -21,6 +21,7 @@ pub use super::workload::ADDRESS_TYPE_URL;
 /// Istio's debug type: one `ClientConfig` per connected proxy, with each type's sync
 /// state (what `istioctl proxy-status` shows).
 pub const SYNCZ_TYPE_URL: &str = "istio.io/debug/syncz";
+/// Type URL of Envoy's `ClientConfig`, the resources of a [`SYNCZ_TYPE_URL`] response.
 pub const CLIENT_CONFIG_TYPE_URL: &str = "type.googleapis.com/envoy.service.status.v3.ClientConfig";
 
 /// The node metadata keys istiod reads from a ztunnel (besides every
@@ -32,7 +33,9 @@ pub mod node_metadata {
     pub const NAMESPACE: &str = "NAMESPACE";
     /// The ztunnel pod's IPs, comma-separated.
     pub const INSTANCE_IPS: &str = "INSTANCE_IPS";
+    /// The node (Kubernetes node name) the ztunnel runs on.
     pub const NODE_NAME: &str = "NODE_NAME";
+    /// The cluster the ztunnel belongs to.
     pub const CLUSTER_ID: &str = "CLUSTER_ID";
 }
 

@@ -10,7 +10,7 @@ use tracing::{debug, info};
 use super::ProxyInputs;
 use crate::hbone::stream::copy_tcp;
 use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
-use crate::socket::{self, original_dst};
+use crate::socket;
 use crate::state::policy::ConnectionAttrs;
 
 #[derive(Clone)]
@@ -24,29 +24,22 @@ impl InboundPassthrough {
     }
 
     pub async fn run(self, listener: TcpListener) {
-        let drain = self.inputs.drain.clone();
-        super::accept_loop(listener, drain, "inbound_plaintext", move |stream, peer| {
-            let this = self.clone();
-            async move { this.handle(stream, peer).await }
-        })
+        let (drain, metrics) = (self.inputs.drain.clone(), self.inputs.metrics.clone());
+        super::accept_redirected(
+            listener,
+            drain,
+            metrics,
+            "inbound_plaintext",
+            move |stream, peer, target| {
+                let this = self.clone();
+                async move { this.proxy(stream, peer, target).await }
+            },
+        )
         .await
     }
 
-    async fn handle(&self, client: TcpStream, peer: SocketAddr) {
-        let metrics = &self.inputs.metrics;
-        let target = match original_dst(&client) {
-            Ok(dst) => dst,
-            Err(e) => {
-                debug!(error = %e, "no original destination");
-                metrics.error("no_original_destination");
-                return;
-            }
-        };
-        self.proxy(client, peer, target).await
-    }
-
     /// Proxies a redirected connection whose original destination was `target`.
-    /// (Apart from `handle` so tests choose the destination: a real one takes an
+    /// (Tests call it with a destination of their choosing: a real one takes an
     /// iptables REDIRECT, i.e. root.)
     async fn proxy(&self, client: TcpStream, peer: SocketAddr, target: SocketAddr) {
         let metrics = &self.inputs.metrics;

@@ -199,6 +199,36 @@ where
     tracing::debug!(proxy = name, "listener stopped");
 }
 
+/// [`accept_loop`] for a listener behind an iptables REDIRECT (15001, 15006): each
+/// connection's original destination is read (`SO_ORIGINAL_DST`) and handed to
+/// `proxy`; a connection that was not redirected is counted and closed.
+pub async fn accept_redirected<P, F>(
+    listener: TcpListener,
+    drain: Drain,
+    metrics: Arc<Metrics>,
+    name: &'static str,
+    proxy: P,
+) where
+    P: Fn(tokio::net::TcpStream, SocketAddr, SocketAddr) -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    accept_loop(listener, drain, name, move |stream, peer| {
+        let proxied =
+            crate::socket::original_dst(&stream).map(|target| proxy(stream, peer, target));
+        let metrics = metrics.clone();
+        async move {
+            match proxied {
+                Ok(proxied) => proxied.await,
+                Err(e) => {
+                    warn!(error = %e, "no original destination (connection was not redirected)");
+                    metrics.error("no_original_destination");
+                }
+            }
+        }
+    })
+    .await
+}
+
 /// `NODE_NAME` says which workloads this ztunnel may serve: a workload that discovery
 /// places on another node is refused (the node agent, or `PROXY_WORKLOAD_INFO`, named
 /// the wrong one). A workload discovery does not know (yet), a workload without a

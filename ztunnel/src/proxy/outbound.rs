@@ -15,7 +15,7 @@ use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
 use crate::hbone::stream::{copy_bidirectional, copy_tcp};
 use crate::identity::Identity;
 use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
-use crate::socket::{self, original_dst};
+use crate::socket;
 use crate::state::service::{IpFamily, Service};
 use crate::state::workload::{Protocol, Workload};
 use shared_types::constants::HBONE_PORT;
@@ -107,29 +107,22 @@ impl Outbound {
     }
 
     pub async fn run(self, listener: TcpListener) {
-        let drain = self.inputs.drain.clone();
-        super::accept_loop(listener, drain, "outbound", move |stream, peer| {
-            let this = self.clone();
-            async move { this.handle(stream, peer).await }
-        })
+        let (drain, metrics) = (self.inputs.drain.clone(), self.inputs.metrics.clone());
+        super::accept_redirected(
+            listener,
+            drain,
+            metrics,
+            "outbound",
+            move |stream, peer, target| {
+                let this = self.clone();
+                async move { this.proxy(stream, peer, target).await }
+            },
+        )
         .await
     }
 
-    async fn handle(&self, client: TcpStream, peer: SocketAddr) {
-        let metrics = &self.inputs.metrics;
-        let orig_dst = match original_dst(&client) {
-            Ok(dst) => dst,
-            Err(e) => {
-                warn!(error = %e, "no original destination (connection was not redirected)");
-                metrics.error("no_original_destination");
-                return;
-            }
-        };
-        self.proxy(client, peer, orig_dst).await
-    }
-
     /// Proxies a redirected connection whose original destination was `orig_dst`.
-    /// (Apart from `handle` so tests choose the destination: a real one takes an
+    /// (Tests call it with a destination of their choosing: a real one takes an
     /// iptables REDIRECT, i.e. root.)
     async fn proxy(&self, client: TcpStream, peer: SocketAddr, orig_dst: SocketAddr) {
         let metrics = &self.inputs.metrics;
