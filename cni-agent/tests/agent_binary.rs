@@ -4,11 +4,12 @@
 
 mod common;
 
-use common::{eventually, exchange, Node};
+use common::{exchange, Node};
 use shared_types::cni::AmbientEnablementState;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use test_support::poll::eventually;
 use test_support::process::ChildGuard;
 use tokio::net::{TcpStream, UnixStream};
 
@@ -151,12 +152,11 @@ async fn repairs_while_running() {
     .unwrap();
     std::fs::write(agent.node.conf_dir.join("10-calico.conflist"), original).unwrap();
     let primary = agent.node.conf_dir.join("10-calico.conflist");
-    assert!(
-        eventually(WAIT, || std::fs::read_to_string(&primary)
-            .is_ok_and(|t| t.contains("\"plugin_log_level\": \"debug\"")))
-        .await,
-        "{}",
-        agent.child.log()
-    );
+    // On a timeout the agent's log is printed (its guard drops while panicking).
+    eventually("the new plugin log level in the chain", WAIT, || {
+        std::fs::read_to_string(&primary)
+            .is_ok_and(|t| t.contains("\"plugin_log_level\": \"debug\""))
+    })
+    .await;
     agent.terminate();
 }

@@ -38,6 +38,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use test_support::poll::eventually;
 use test_support::process::ChildGuard;
 use test_support::topology::{Node, Pod};
 use tokio::net::UnixStream;
@@ -224,16 +225,6 @@ async fn create_pod(client: &kube::Client, node: &str, name: &str, ip: Option<&s
     uid
 }
 
-async fn wait_until(what: &str, check: impl Fn() -> bool) {
-    for _ in 0..400 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 async fn post(sock: &Path, event: &CniPluginAddEvent) -> Answer {
     let stream = UnixStream::connect(sock).await.unwrap();
     let body = serde_json::to_vec(event).unwrap();
@@ -269,12 +260,15 @@ async fn forged_adds_are_refused_before_any_rule_and_locks_are_pruned() {
         Duration::from_secs(3),
     )
     .await;
-    wait_until("db in the cache", || {
+    eventually("db in the cache", Duration::from_secs(10), || {
         a.cache.cached_pod(&format!("{NS}/db")).is_some()
     })
     .await;
     let ztunnel = FakeZtunnel::connect(&a.sock).await;
-    wait_until("the fake ztunnel", || a.zds.connections() == 1).await;
+    eventually("the fake ztunnel", Duration::from_secs(10), || {
+        a.zds.connections() == 1
+    })
+    .await;
     let handler: Arc<dyn CmdAddHandler> = Arc::new(EnrollOnAdd::new(a.enroller.clone()));
     let run_dir = dir.path().join("run");
     let servers = plugin_api::start(&run_dir, handler, &access(), a.cancel.clone()).unwrap();
@@ -396,7 +390,10 @@ async fn forged_adds_are_refused_before_any_rule_and_locks_are_pruned() {
     }
     for (pod, _) in &churn {
         let key = format!("{NS}/{}", pod.name);
-        wait_until("the deletion", || a.cache.cached_pod(&key).is_none()).await;
+        eventually("the deletion", Duration::from_secs(10), || {
+            a.cache.cached_pod(&key).is_none()
+        })
+        .await;
         a.enroller.reconcile(&key).await.unwrap();
         assert!(a.enroller.enrolled(&key).is_none());
     }
@@ -432,10 +429,14 @@ async fn netns_is_held_by_fd_across_pid_reuse() {
     let beta_proc = sleeper(&beta, "pid-beta-sleep");
     let alpha_inode = netns_inode(&alpha.ns.path()).unwrap();
     let beta_inode = netns_inode(&beta.ns.path()).unwrap();
-    wait_until("the sleepers to enter their netns", || {
-        let of = |pid: u32| netns_inode(Path::new(&format!("/proc/{pid}/ns/net"))).ok();
-        of(alpha_proc.pid()) == Some(alpha_inode) && of(beta_proc.pid()) == Some(beta_inode)
-    })
+    eventually(
+        "the sleepers to enter their netns",
+        Duration::from_secs(10),
+        || {
+            let of = |pid: u32| netns_inode(Path::new(&format!("/proc/{pid}/ns/net"))).ok();
+            of(alpha_proc.pid()) == Some(alpha_inode) && of(beta_proc.pid()) == Some(beta_inode)
+        },
+    )
     .await;
 
     // The host's /proc as the agent sees it, with one pod process: pid 4242.
@@ -455,10 +456,13 @@ async fn netns_is_held_by_fd_across_pid_reuse() {
     )
     .await;
     let first = FakeZtunnel::connect(&a.sock).await;
-    wait_until("the fake ztunnel", || a.zds.connections() == 1).await;
+    eventually("the fake ztunnel", Duration::from_secs(10), || {
+        a.zds.connections() == 1
+    })
+    .await;
     // alpha runs already: found through <proc>/4242/ns/net. beta through its CNI ADD.
     let alpha_key = format!("{NS}/alpha");
-    wait_until("the pods in the cache", || {
+    eventually("the pods in the cache", Duration::from_secs(10), || {
         a.cache.cached_pod(&alpha_key).is_some()
             && a.cache.cached_pod(&format!("{NS}/beta")).is_some()
     })
@@ -488,9 +492,14 @@ async fn netns_is_held_by_fd_across_pid_reuse() {
 
     // A restarted ztunnel gets each pod's own netns back.
     drop(first);
-    wait_until("the first connection to go", || a.zds.connections() == 0).await;
+    eventually(
+        "the first connection to go",
+        Duration::from_secs(10),
+        || a.zds.connections() == 0,
+    )
+    .await;
     let second = FakeZtunnel::connect(&a.sock).await;
-    wait_until("the snapshot", || {
+    eventually("the snapshot", Duration::from_secs(10), || {
         second.seen().last().is_some_and(|s| s == "snap")
     })
     .await;
@@ -513,7 +522,7 @@ async fn netns_is_held_by_fd_across_pid_reuse() {
         )
         .await
         .unwrap();
-    wait_until("the label in the cache", || {
+    eventually("the label in the cache", Duration::from_secs(10), || {
         a.cache.cached_pod(&alpha_key).is_some_and(|p| {
             p.metadata
                 .labels
@@ -542,7 +551,10 @@ async fn netns_is_held_by_fd_across_pid_reuse() {
         .delete("beta", &DeleteParams::default())
         .await
         .unwrap();
-    wait_until("the deletion", || a.cache.cached_pod(&beta_key).is_none()).await;
+    eventually("the deletion", Duration::from_secs(10), || {
+        a.cache.cached_pod(&beta_key).is_none()
+    })
+    .await;
     {
         let _log = tracing::subscriber::set_default(subscriber);
         a.enroller.reconcile(&beta_key).await.unwrap();

@@ -5,11 +5,12 @@
 mod common;
 
 use cni_agent::install::watch::{self, WatchSettings, READY_CNI_CONFIG};
-use common::{eventually, Node};
+use common::Node;
 use mesh_runtime::readiness::Readiness;
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
+use test_support::poll::eventually;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -56,21 +57,17 @@ async fn repairs_a_config_rewritten_while_watching() {
     node.load(&testdata("conflist-insert").join("before"));
     let installer = node.installer(None);
     let running = start(&node);
-    assert!(
-        eventually(WAIT, || installer.is_installed()
-            && running.readiness.is_ready())
-        .await
-    );
+    eventually("installed and ready", WAIT, || {
+        installer.is_installed() && running.readiness.is_ready()
+    })
+    .await;
 
     // The primary CNI restarts and writes its config again, without us (in place,
     // not atomically, as some do).
     let primary = node.conf_dir.join("10-calico.conflist");
     let original = fs::read(testdata("conflist-insert").join("before/10-calico.conflist")).unwrap();
     fs::write(&primary, &original).unwrap();
-    assert!(
-        eventually(WAIT, || installer.is_installed()).await,
-        "not repaired"
-    );
+    eventually("the chain repaired", WAIT, || installer.is_installed()).await;
     let golden = fs::read(testdata("conflist-insert").join("after/10-calico.conflist")).unwrap();
     assert_eq!(
         fs::read_to_string(&primary).unwrap(),
@@ -82,17 +79,17 @@ async fn repairs_a_config_rewritten_while_watching() {
         fs::remove_file(&primary).unwrap();
         fs::write(&primary, &original).unwrap();
     }
-    assert!(
-        eventually(WAIT, || installer.is_installed()).await,
-        "not repaired after burst"
-    );
+    eventually("the chain repaired after the burst", WAIT, || {
+        installer.is_installed()
+    })
+    .await;
 
     // Someone removes the plugin binary.
     fs::remove_file(installer.plugin_path()).unwrap();
-    assert!(
-        eventually(WAIT, || installer.plugin_path().is_file()).await,
-        "binary not back"
-    );
+    eventually("the binary back", WAIT, || {
+        installer.plugin_path().is_file()
+    })
+    .await;
     running.stop().await;
 }
 
@@ -102,12 +99,15 @@ async fn a_wrapped_conf_written_again_is_wrapped_again() {
     node.load(&testdata("conf-wrap").join("before"));
     let installer = node.installer(None);
     let running = start(&node);
-    assert!(eventually(WAIT, || installer.is_installed()).await);
+    eventually("installed", WAIT, || installer.is_installed()).await;
     let conf = node.conf_dir.join("10-bridge.conf");
     assert!(!conf.exists());
     // The primary writes its `.conf` again: it sorts before our `.conflist`.
     fs::copy(testdata("conf-wrap").join("before/10-bridge.conf"), &conf).unwrap();
-    assert!(eventually(WAIT, || !conf.exists() && installer.is_installed()).await);
+    eventually("the .conf folded into our conflist", WAIT, || {
+        !conf.exists() && installer.is_installed()
+    })
+    .await;
     running.stop().await;
 }
 
@@ -126,15 +126,17 @@ async fn waits_for_the_primary_config_and_is_not_ready_until_then() {
         node.conf_dir.join("10-ptp.conflist"),
     )
     .unwrap();
-    assert!(
-        eventually(WAIT, || installer.is_installed()
-            && running.readiness.is_ready())
-        .await
-    );
+    eventually("installed and ready", WAIT, || {
+        installer.is_installed() && running.readiness.is_ready()
+    })
+    .await;
 
     // And goes away again: not ready any more.
     fs::remove_file(node.conf_dir.join("10-ptp.conflist")).unwrap();
-    assert!(eventually(WAIT, || !running.readiness.is_ready()).await);
+    eventually("not ready without a primary config", WAIT, || {
+        !running.readiness.is_ready()
+    })
+    .await;
     running.stop().await;
 }
 
@@ -143,6 +145,9 @@ async fn creates_missing_dirs() {
     let node = Node::new();
     fs::remove_dir(&node.conf_dir).unwrap();
     let running = start(&node);
-    assert!(eventually(WAIT, || node.conf_dir.is_dir() && node.bin_dir.is_dir()).await);
+    eventually("the CNI dirs created", WAIT, || {
+        node.conf_dir.is_dir() && node.bin_dir.is_dir()
+    })
+    .await;
     running.stop().await;
 }

@@ -7,6 +7,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use test_support::poll::eventually;
 
 use istiod_lite::model::{self, Options};
 use istiod_lite::xds::store::{Changes, ResourceStore};
@@ -150,18 +151,6 @@ async fn synced(d: &FirstSync) {
     tokio::time::timeout(WAIT, d.wait_synced())
         .await
         .expect("initial sync timed out");
-}
-
-/// Polls `check` until it holds; panics with `what` after [`WAIT`].
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn namespace(client: &Client, name: &str) {
@@ -373,7 +362,7 @@ async fn discovers_objects_and_follows_changes() {
         )
         .await
         .unwrap();
-    eventually("changes followed", || {
+    eventually("changes followed", WAIT, || {
         store.workload_by_ip(ip("10.0.0.1")).is_none()
             && store
                 .workload_by_ip(ip("10.0.0.2"))
@@ -400,7 +389,7 @@ async fn discovers_objects_and_follows_changes() {
         .delete("no-deletes", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("deletions followed", || {
+    eventually("deletions followed", WAIT, || {
         let snap = store.snapshot();
         store.service_by_vip(ip("10.96.0.10")).is_none()
             && snap.policy("istio-system/no-deletes").is_none()
@@ -417,7 +406,10 @@ async fn discovers_objects_and_follows_changes() {
         )
         .await
         .unwrap();
-    eventually("finished pod removed", || workload_names(&store).is_empty()).await;
+    eventually("finished pod removed", WAIT, || {
+        workload_names(&store).is_empty()
+    })
+    .await;
 
     cancel.cancel();
     stop(&control).await;
@@ -449,7 +441,7 @@ async fn relists_after_410_without_losing_or_duplicating_state() {
     control.compact();
     drop(pause);
 
-    eventually("re-listed state", || {
+    eventually("re-listed state", WAIT, || {
         workload_names(&store) == ["a", "c"]
             && store.snapshot().policy("app/gone-while-away").is_none()
     })
@@ -468,7 +460,7 @@ async fn relists_after_410_without_losing_or_duplicating_state() {
 
     // The watches are live again after the re-list.
     pod(&client, "app", "d", json!({}), "10.0.1.4", false).await;
-    eventually("pod after re-list", || {
+    eventually("pod after re-list", WAIT, || {
         workload_names(&store) == ["a", "c", "d"]
     })
     .await;
@@ -501,7 +493,7 @@ async fn survives_api_server_restarts() {
     service(&client, "app", "web", "10.96.0.20").await;
     synced(&d).await;
     assert!(readiness.is_ready());
-    eventually("first pod", || workload_names(&store) == ["a"]).await;
+    eventually("first pod", WAIT, || workload_names(&store) == ["a"]).await;
 
     // Restart with the state file: objects and resourceVersions survive; the watches
     // resume and state is neither lost nor duplicated.
@@ -509,7 +501,10 @@ async fn survives_api_server_restarts() {
     let gen = store.generation();
     let (control, _) = serve(&addr, Some(state_file.clone())).await;
     pod(&client, "app", "b", json!({"app": "web"}), "10.0.2.2", true).await;
-    eventually("pod after restart", || workload_names(&store) == ["a", "b"]).await;
+    eventually("pod after restart", WAIT, || {
+        workload_names(&store) == ["a", "b"]
+    })
+    .await;
     assert!(store.generation() > gen);
     let svc = store.service_by_vip(ip("10.96.0.20")).unwrap();
     assert_eq!(store.service_endpoints(&svc, 80).len(), 2);
@@ -521,7 +516,7 @@ async fn survives_api_server_restarts() {
     delete_pod(&client, "app", "a").await;
     control.compact();
     drop(pause);
-    eventually("deleted while disconnected", || {
+    eventually("deleted while disconnected", WAIT, || {
         workload_names(&store) == ["b"]
     })
     .await;
@@ -529,10 +524,13 @@ async fn survives_api_server_restarts() {
     // A fresh server without state (e.g. a new cluster's etcd): everything is gone.
     stop(&control).await;
     let (control, client2) = serve(&addr, None).await;
-    eventually("empty cluster", || store.snapshot().is_empty()).await;
+    eventually("empty cluster", WAIT, || store.snapshot().is_empty()).await;
     namespace(&client2, "app").await;
     pod(&client2, "app", "z", json!({}), "10.0.2.9", false).await;
-    eventually("new cluster's pod", || workload_names(&store) == ["z"]).await;
+    eventually("new cluster's pod", WAIT, || {
+        workload_names(&store) == ["z"]
+    })
+    .await;
 
     cancel.cancel();
     stop(&control).await;
@@ -556,7 +554,7 @@ async fn coalesces_bursts_of_events() {
         }
     });
     futures::future::join_all(creates).await;
-    eventually("all pods", || store.snapshot().counts().0 == 40).await;
+    eventually("all pods", WAIT, || store.snapshot().counts().0 == 40).await;
     let rebuilds = store.generation() - before;
     assert!(rebuilds < 40, "{rebuilds} publishes for 80 events");
     cancel.cancel();
@@ -628,7 +626,7 @@ async fn peer_authentication_strict_refuses_plaintext_and_follows_changes() {
         json!({"mtls": {"mode": "STRICT"}}),
     )
     .await;
-    eventually("mesh-wide STRICT", || {
+    eventually("mesh-wide STRICT", WAIT, || {
         plaintext("10.0.4.1") == Some("strict_mtls") && plaintext("10.0.4.2") == Some("strict_mtls")
     })
     .await;
@@ -652,12 +650,12 @@ async fn peer_authentication_strict_refuses_plaintext_and_follows_changes() {
         }),
     )
     .await;
-    eventually("web PERMISSIVE", || plaintext("10.0.4.1").is_none()).await;
+    eventually("web PERMISSIVE", WAIT, || plaintext("10.0.4.1").is_none()).await;
     assert_eq!(plaintext("10.0.4.2"), Some("strict_mtls"));
 
     // The mesh policy goes: db is PERMISSIVE again.
     delete_peer_authn(&client, "istio-system", "default").await;
-    eventually("mesh policy gone", || plaintext("10.0.4.2").is_none()).await;
+    eventually("mesh policy gone", WAIT, || plaintext("10.0.4.2").is_none()).await;
     cancel.cancel();
     stop(&control).await;
 }
@@ -706,7 +704,7 @@ async fn use_waypoint_labels_bind_services_and_pods() {
         )
         .await
         .expect("label the namespace");
-    eventually("the namespace's waypoint", || {
+    eventually("the namespace's waypoint", WAIT, || {
         service_waypoint(&store).is_some() && pod_waypoint(&store).is_some()
     })
     .await;
@@ -723,7 +721,7 @@ async fn use_waypoint_labels_bind_services_and_pods() {
         )
         .await
         .expect("label the pod");
-    eventually("the pod's opt-out", || pod_waypoint(&store).is_none()).await;
+    eventually("the pod's opt-out", WAIT, || pod_waypoint(&store).is_none()).await;
     assert!(service_waypoint(&store).is_some());
     cancel.cancel();
     stop(&control).await;

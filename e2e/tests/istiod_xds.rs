@@ -7,6 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
+use test_support::poll::eventually;
 
 use istiod_lite::ca::authn::TokenAuthenticator;
 use istiod_lite::kube::pods::{watch_pods, PodIndex};
@@ -390,24 +391,13 @@ fn names(response: &DeltaDiscoveryResponse) -> Vec<String> {
     names
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn ztunnel_syncs_and_follows_changes_with_only_the_changed_resource_sent() {
     let f = start().await;
     f.publish_workloads(&[("a", 1), ("b", 1), ("c", 1)]);
     f.publish_policies(&["deny"]);
     let ztunnel = f.ztunnel(f.ztunnel_token().await);
-    wait_until("ztunnel has everything", || {
+    eventually("ztunnel has everything", WAIT, || {
         ztunnel.snapshot().counts() == (3, 0, 1)
     })
     .await;
@@ -434,7 +424,7 @@ async fn ztunnel_syncs_and_follows_changes_with_only_the_changed_resource_sent()
     assert_eq!(names(&push), vec![uid("b")]);
     assert!(push.removed_resources.is_empty());
     s.send(ack(&push, None)).await;
-    wait_until("ztunnel sees b move", || {
+    eventually("ztunnel sees b move", WAIT, || {
         ztunnel
             .snapshot()
             .workload_by_uid(&uid("b"))
@@ -448,12 +438,12 @@ async fn ztunnel_syncs_and_follows_changes_with_only_the_changed_resource_sent()
     assert!(push.resources.is_empty());
     assert_eq!(push.removed_resources, vec![uid("c")]);
     s.send(ack(&push, None)).await;
-    wait_until("ztunnel drops c", || {
+    eventually("ztunnel drops c", WAIT, || {
         ztunnel.snapshot().counts() == (2, 0, 1)
     })
     .await;
 
-    wait_until("both streams synced", || {
+    eventually("both streams synced", WAIT, || {
         let all = f.connections.snapshot();
         all.len() == 2
             && all.iter().all(|p| {
@@ -510,7 +500,7 @@ async fn a_nack_is_counted_not_resent_and_shows_stale() {
             .get_or_create(&XdsMetrics::type_label(ADDRESS_TYPE_URL))
             .get()
     };
-    wait_until("the NACK is counted", || rejects() == 1).await;
+    eventually("the NACK is counted", WAIT, || rejects() == 1).await;
     let status = &f.connections.snapshot()[0];
     let address = &status.types[ADDRESS_TYPE_URL];
     assert_eq!(address.state(), SyncState::Stale);
@@ -525,7 +515,7 @@ async fn a_nack_is_counted_not_resent_and_shows_stale() {
     let push = s.next().await;
     assert_eq!(names(&push), vec![uid("a")]);
     s.send(ack(&push, None)).await;
-    wait_until("SYNCED", || {
+    eventually("SYNCED", WAIT, || {
         f.connections.snapshot()[0].types[ADDRESS_TYPE_URL].state() == SyncState::Synced
     })
     .await;
@@ -735,7 +725,7 @@ async fn ztunnel_on_demand_fetches_and_follows_what_connections_look_up() {
     f.publish_workloads(&[("a", 1), ("bb", 1)]);
     f.publish_policies(&["deny"]);
     let ztunnel = f.ztunnel_with(f.ztunnel_token().await, Some(String::new()));
-    wait_until("ztunnel synced", || {
+    eventually("ztunnel synced", WAIT, || {
         f.connections
             .snapshot()
             .iter()
@@ -760,7 +750,7 @@ async fn ztunnel_on_demand_fetches_and_follows_what_connections_look_up() {
 
     // What was fetched is followed; what was not stays out.
     f.publish_workloads(&[("a", 2), ("bb", 2)]);
-    wait_until("a's change is pushed", || {
+    eventually("a's change is pushed", WAIT, || {
         ztunnel
             .workload_by_uid(&uid("a"))
             .is_some_and(|w| w.workload_ips == [ip("10.0.2.1")])

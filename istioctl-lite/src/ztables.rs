@@ -396,15 +396,7 @@ mod tests {
 
     /// Compares with `testdata/<name>`; `UPDATE_GOLDEN=1` rewrites it.
     fn golden(name: &str, got: &str) {
-        let path = testdata(name);
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, got).unwrap();
-        }
-        let want = std::fs::read_to_string(&path).unwrap_or_default();
-        assert_eq!(
-            got, want,
-            "golden {name} differs (UPDATE_GOLDEN=1 to accept)"
-        );
+        test_support::golden::assert_golden(&testdata(name), got);
     }
 
     #[test]

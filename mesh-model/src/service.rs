@@ -153,10 +153,11 @@ pub struct LoadBalancer {
     pub health_policy: LoadBalancerHealthPolicy,
 }
 
-/// The IP families a service has (Kubernetes `ipFamilies`); decides which address
-/// of a dual-stack endpoint is dialled.
+/// The IP families a service has (Kubernetes `ipFamilies`, Istio's `IPFamilies`);
+/// decides which address of a dual-stack endpoint is dialled. (One family is
+/// `shared_types::net::IpFamily`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum IpFamily {
+pub enum IpFamilies {
     /// IPv4 and IPv6: use the family of the VIP that was dialled.
     Dual,
     /// IPv4 only.
@@ -222,7 +223,7 @@ pub struct Service {
     pub load_balancer: Option<LoadBalancer>,
     /// IP families of the service; `None` uses the family of the VIP dialled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ip_families: Option<IpFamily>,
+    pub ip_families: Option<IpFamilies>,
     /// Whether this is the authoritative entry for its hostname when several services
     /// (e.g. a Service and a ServiceEntry) share it.
     #[serde(default, skip_serializing_if = "is_default")]
@@ -321,6 +322,6 @@ mod tests {
         assert_eq!(s.default_target_port(80), 8080);
         assert_eq!(s.default_target_port(443), 443);
         assert!(s.accepts_endpoint(HealthStatus::Unhealthy));
-        assert_eq!(s.ip_families, Some(IpFamily::IPv4));
+        assert_eq!(s.ip_families, Some(IpFamilies::IPv4));
     }
 }

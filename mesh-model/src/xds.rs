@@ -15,7 +15,7 @@ use shared_types::istio::workload as pb;
 
 use crate::policy::{Action, RbacMatch, Scope, ServiceAccountMatch, StringMatch};
 use crate::service::{
-    IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
+    IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
     NamespacedHostname, NetworkAddress,
 };
 use crate::workload::{
@@ -248,9 +248,9 @@ pub fn service(s: pb::Service) -> Result<Service, ConvertError> {
         .transpose()?;
     let ip_families = match known(s.ip_families, "ip_families")? {
         pb::IpFamilies::Automatic => None,
-        pb::IpFamilies::Ipv4Only => Some(IpFamily::IPv4),
-        pb::IpFamilies::Ipv6Only => Some(IpFamily::IPv6),
-        pb::IpFamilies::Dual => Some(IpFamily::Dual),
+        pb::IpFamilies::Ipv4Only => Some(IpFamilies::IPv4),
+        pb::IpFamilies::Ipv6Only => Some(IpFamilies::IPv6),
+        pb::IpFamilies::Dual => Some(IpFamilies::Dual),
     };
     Ok(Service {
         vips: s
@@ -486,9 +486,9 @@ pub fn encode_service(s: &Service) -> pb::Address {
         }),
         ip_families: match s.ip_families {
             None => pb::IpFamilies::Automatic,
-            Some(IpFamily::IPv4) => pb::IpFamilies::Ipv4Only,
-            Some(IpFamily::IPv6) => pb::IpFamilies::Ipv6Only,
-            Some(IpFamily::Dual) => pb::IpFamilies::Dual,
+            Some(IpFamilies::IPv4) => pb::IpFamilies::Ipv4Only,
+            Some(IpFamilies::IPv6) => pb::IpFamilies::Ipv6Only,
+            Some(IpFamilies::Dual) => pb::IpFamilies::Dual,
         } as i32,
         canonical: s.canonical,
         ingress_use_waypoint: false,

@@ -165,7 +165,7 @@ fn a_service_and_its_load_balancing() {
         vec![LoadBalancerScope::Network, LoadBalancerScope::Node]
     );
     assert_eq!(lb.mode, Some(LoadBalancerMode::Failover));
-    assert_eq!(s.ip_families, Some(IpFamily::IPv4));
+    assert_eq!(s.ip_families, Some(IpFamilies::IPv4));
 
     let e = service(pb::Service {
         namespace: "shop".into(),

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use test_support::poll::eventually;
 
 use mesh_ca::CertificateAuthority;
 use mesh_runtime::readiness::Readiness;
@@ -276,17 +277,6 @@ fn header<'m>(md: &'m MetadataMap, key: &str) -> Option<&'m str> {
     md.get(key).and_then(|v| v.to_str().ok())
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn subscribes_as_istios_ztunnel_then_acks_nacks_and_follows_removals() {
     let cancel = CancellationToken::new();
@@ -494,7 +484,7 @@ async fn a_refused_stream_is_retried_with_backoff_and_never_ready() {
             })
             .get()
     };
-    wait_until("three refused attempts", || refused() >= 3).await;
+    eventually("three refused attempts", WAIT, || refused() >= 3).await;
     assert!(!client.synced.is_synced());
     assert_eq!(client.readiness.pending(), vec!["xds"]);
     cancel.cancel();

@@ -8,7 +8,7 @@ use cni_agent::install::{InstallConfig, Installer};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Plugin socket access admitting whoever runs the tests (root in CI, where this is
@@ -99,20 +99,6 @@ pub fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 pub fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
-}
-
-/// Polls `check` every 20 ms until it holds or `timeout` passes.
-pub async fn eventually(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A parsed HTTP response: status and body.
@@ -243,18 +229,11 @@ pub fn arc<T>(t: T) -> Arc<T> {
     Arc::new(t)
 }
 
-/// Compares `actual` with `testdata/<dir>/<name>`; `UPDATE_GOLDEN=1` rewrites the file
-/// instead (review the diff).
+/// Compares `actual` with `testdata/<dir>/<name>` (`UPDATE_GOLDEN=1` rewrites it).
 pub fn assert_golden(dir: &str, name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("testdata")
         .join(dir)
         .join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
-    assert_eq!(actual, want, "{name} differs from {}", path.display());
+    test_support::golden::assert_golden(&path, actual);
 }

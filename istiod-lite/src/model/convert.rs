@@ -15,7 +15,7 @@ use tracing::debug;
 
 use super::policy::ConvertedPolicy;
 use super::Options;
-use mesh_model::service::{IpFamily, NamespacedHostname, NetworkAddress};
+use mesh_model::service::{IpFamilies, NamespacedHostname, NetworkAddress};
 use mesh_model::workload::{GatewayAddress, GatewayDestination, NetworkMode};
 use mesh_model::{HealthStatus, Protocol, Service, Workload};
 
@@ -102,12 +102,12 @@ fn service_port(p: &ServicePort) -> Option<(u16, Target)> {
 
 /// `spec.ipFamilies` as Istio publishes it: one family, both (`DUAL`), or unset
 /// (`AUTOMATIC`) when the API server filled in none.
-fn ip_families(families: &[String]) -> Option<IpFamily> {
+fn ip_families(families: &[String]) -> Option<IpFamilies> {
     let has = |f: &str| families.iter().any(|x| x == f);
     match (has("IPv4"), has("IPv6")) {
-        (true, true) => Some(IpFamily::Dual),
-        (true, false) => Some(IpFamily::IPv4),
-        (false, true) => Some(IpFamily::IPv6),
+        (true, true) => Some(IpFamilies::Dual),
+        (true, false) => Some(IpFamilies::IPv4),
+        (false, true) => Some(IpFamilies::IPv6),
         (false, false) => None,
     }
 }

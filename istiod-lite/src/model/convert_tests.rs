@@ -167,11 +167,14 @@ fn service_converts_vips_ports_and_hostname() {
     let json = serde_json::to_value(&s.service).unwrap();
     assert_eq!(json["vips"][0], "/10.96.0.10");
     // `spec.ipFamilies` as Istio's `ip_families`: both, one, or unset.
-    assert_eq!(s.service.ip_families, Some(IpFamily::Dual));
+    assert_eq!(s.service.ip_families, Some(IpFamilies::Dual));
     let v6 = svc_yaml(
         "metadata: {name: s, namespace: n}\nspec: {clusterIP: \"fd00::1\", ipFamilies: [IPv6]}\n",
     );
-    assert_eq!(services(&[v6])[0].service.ip_families, Some(IpFamily::IPv6));
+    assert_eq!(
+        services(&[v6])[0].service.ip_families,
+        Some(IpFamilies::IPv6)
+    );
     let unset = svc_yaml("metadata: {name: s, namespace: n}\nspec: {clusterIP: 10.96.0.1}\n");
     assert_eq!(services(&[unset])[0].service.ip_families, None);
 }

@@ -2,7 +2,8 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use test_support::poll::eventually;
 
 use super::*;
 use crate::discovery::local_fields;
@@ -241,14 +242,6 @@ fn known_field_lists_match_the_structs() {
 
 // ---- watching ----
 
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn workload_yaml(name: &str, ip: &str) -> String {
     format!("workloads:\n- name: {name}\n  namespace: ns\n  workloadIps: [{ip}]\n")
 }
@@ -284,7 +277,10 @@ async fn watch_reloads_valid_and_keeps_last_good_on_error() {
     assert!(has(&store, "a"));
 
     atomic_write(&path, &workload_yaml("b", "10.0.0.2"));
-    wait_until("rename-write reload", || has(&store, "b")).await;
+    eventually("rename-write reload", Duration::from_secs(10), || {
+        has(&store, "b")
+    })
+    .await;
     assert!(!has(&store, "a"));
     assert_eq!((reloads.get(), errors.get()), (1, 0));
 
@@ -293,13 +289,19 @@ async fn watch_reloads_valid_and_keeps_last_good_on_error() {
         "workloads:\n- name: c\n  namespace: ns\n  workloadIps: [bogus]\n",
     )
     .unwrap();
-    wait_until("error counted", || errors.get() == 1).await;
+    eventually("error counted", Duration::from_secs(10), || {
+        errors.get() == 1
+    })
+    .await;
     assert!(has(&store, "b"), "last good config kept");
     assert_eq!(reloads.get(), 1);
 
     // In-place write (truncate + write) of a valid file.
     std::fs::write(&path, workload_yaml("c", "10.0.0.3")).unwrap();
-    wait_until("in-place reload", || has(&store, "c")).await;
+    eventually("in-place reload", Duration::from_secs(10), || {
+        has(&store, "c")
+    })
+    .await;
     assert_eq!((reloads.get(), errors.get()), (2, 1));
 
     // Cancel stops the watch: its task ends (a watch that ignored the cancel would
@@ -345,7 +347,10 @@ async fn watch_follows_configmap_symlink_swap() {
     symlink("..v2", d.join("..data_tmp")).unwrap();
     std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
     std::fs::remove_dir_all(d.join("..v1")).unwrap();
-    wait_until("symlink swap reload", || has(&store, "b")).await;
+    eventually("symlink swap reload", Duration::from_secs(10), || {
+        has(&store, "b")
+    })
+    .await;
     assert_eq!(reloads.get(), 1);
     cancel.cancel();
 }

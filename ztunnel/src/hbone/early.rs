@@ -97,7 +97,7 @@ impl<'a, R: AsyncRead + Unpin> EarlyData<'a, R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hbone::test_support::send_connect;
+    use crate::hbone::fixtures::send_connect;
     use h2::client::ResponseFuture;
     use http::Response;
     use tokio::io::AsyncWriteExt;

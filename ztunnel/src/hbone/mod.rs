@@ -5,11 +5,11 @@
 //! the streams, and `stream` copies bytes between a TCP socket and a stream.
 
 pub mod early;
+#[cfg(test)]
+mod fixtures;
 pub mod pool;
 pub mod server;
 pub mod stream;
-#[cfg(test)]
-mod test_support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -278,7 +278,7 @@ mod tests {
 #[cfg(test)]
 mod idle_tests {
     use super::*;
-    use crate::hbone::test_support::send_connect;
+    use crate::hbone::fixtures::send_connect;
     use http::Response;
 
     /// A CONNECT stream over an in-memory HTTP/2 connection: (client side, server side).

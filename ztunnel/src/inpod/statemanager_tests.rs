@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use super::*;
-use crate::proxy::test_support::{certs, errors, identity, state};
+use crate::proxy::fixtures::{certs, errors, identity, state};
 
 const WORKLOADS: &str = r#"
 workloads:

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::discovery::local::parse_local_config;
-use crate::proxy::test_support::*;
+use crate::proxy::fixtures::*;
 use crate::proxy::{OwnPorts, ProxyInputs};
 use crate::socket::LocalSocketFactory;
 

@@ -2,6 +2,7 @@
 //! real TLS with leaves from a local CA, real HTTP/2. No root needed.
 
 use std::time::Duration;
+use test_support::poll::eventually;
 
 use tokio_util::sync::CancellationToken;
 
@@ -10,7 +11,7 @@ use crate::discovery::local::parse_local_config;
 use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
 use crate::hbone::HboneError;
 use crate::identity::SecretManager;
-use crate::proxy::test_support::*;
+use crate::proxy::fixtures::*;
 use crate::proxy::{OwnPorts, ProxyInputs};
 use crate::socket::LocalSocketFactory;
 
@@ -135,7 +136,7 @@ async fn a_deny_policy_that_appears_closes_a_live_hbone_stream() {
         Err(_) => panic!("the revoked stream stayed open"),
     }
     assert_eq!(inputs.metrics.policy_revoked.get(), 1);
-    eventually("the revoked connection is unregistered", || {
+    eventually("the revoked connection is unregistered", WAIT, || {
         inputs.connections.is_empty()
     })
     .await;

@@ -2,11 +2,11 @@
 //! (15001), inbound HBONE (15008) and inbound plaintext (15006).
 
 pub mod connections;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod inbound;
 pub mod inbound_passthrough;
 pub mod outbound;
-#[cfg(test)]
-pub(crate) mod test_support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -16,7 +16,7 @@ use crate::hbone::stream::{copy_bidirectional, copy_tcp};
 use crate::identity::Identity;
 use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
 use crate::socket;
-use crate::state::service::{IpFamily, Service};
+use crate::state::service::{IpFamilies, Service};
 use crate::state::workload::{Protocol, Workload};
 use shared_types::constants::HBONE_PORT;
 
@@ -80,9 +80,9 @@ impl Route {
 /// any address of the workload when it has none of that family.
 fn endpoint_ip(service: &Service, workload: &Workload, vip: IpAddr) -> Option<IpAddr> {
     let v4 = match service.ip_families {
-        Some(IpFamily::IPv4) => true,
-        Some(IpFamily::IPv6) => false,
-        Some(IpFamily::Dual) | None => vip.is_ipv4(),
+        Some(IpFamilies::IPv4) => true,
+        Some(IpFamilies::IPv6) => false,
+        Some(IpFamilies::Dual) | None => vip.is_ipv4(),
     };
     let ips = &workload.workload_ips;
     ips.iter()

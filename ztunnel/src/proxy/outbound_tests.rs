@@ -7,8 +7,8 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use super::*;
+use crate::proxy::fixtures::*;
 use crate::proxy::inbound::Inbound;
-use crate::proxy::test_support::*;
 use crate::socket::LocalSocketFactory;
 
 /// The local workload: its IP is not on this host, so nothing is ever dialed there.

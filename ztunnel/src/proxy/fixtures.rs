@@ -83,15 +83,6 @@ pub fn connections(metrics: &Metrics, counter: &str, labels: &[&str]) -> u64 {
         .sum()
 }
 
-/// Waits until `done` holds, failing with `what` after [`WAIT`].
-pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// An echo server on `ip`, port chosen by the kernel.
 pub async fn echo_server(ip: &str) -> SocketAddr {
     let listener = TcpListener::bind((ip, 0)).await.unwrap();
