@@ -19,7 +19,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -28,7 +27,7 @@ use tracing_subscriber::EnvFilter;
     about = "istio-cni node agent",
     // Read outside the flags (logging, kube client); listed so a chart's env can be
     // checked against it.
-    after_help = "Environment also read: RUST_LOG, RUST_BACKTRACE, KUBECONFIG, KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT"
+    after_help = "Environment also read: RUST_LOG, LOG_FORMAT, RUST_BACKTRACE, KUBECONFIG, KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT"
 )]
 struct Args {
     /// CNI config dir, where the primary CNI's config gets our entry.
@@ -219,9 +218,10 @@ impl Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(app::DEFAULT_LOG_FILTER));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    mesh_runtime::logging::init(&mesh_runtime::logging::Settings::from_env(
+        app::DEFAULT_LOG_FILTER,
+        Some("cni_agent::"),
+    ));
     let config = Args::parse().into_config()?;
     tracing::info!(?config, "starting");
 

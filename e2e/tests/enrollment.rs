@@ -127,7 +127,7 @@ fn start_ztunnel_with(node: &Node, dir: &Path, sock: &Path, config: &str) -> Chi
 fn dump_pods(node: &Node) -> serde_json::Value {
     let dump = mesh::http_get(&node.ns, "http://127.0.0.1:15000/config_dump").unwrap();
     let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
-    dump["pods"].clone()
+    dump["workloadState"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

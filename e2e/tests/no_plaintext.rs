@@ -442,7 +442,7 @@ fn served_pods(c: &LocalCluster, i: u8) -> Option<usize> {
     let dump =
         local_cluster::mesh::http_get(&c.node(i).ns, "http://127.0.0.1:15000/config_dump").ok()?;
     let dump: serde_json::Value = serde_json::from_str(&dump).ok()?;
-    dump["pods"].as_array().map(Vec::len)
+    dump["workloadState"].as_object().map(|p| p.len())
 }
 
 #[test]

@@ -445,7 +445,7 @@ fn istioctl_lite_reads_a_live_ztunnels_config_dump() -> Result<()> {
     // A dedicated ztunnel serves no pods: the pod table is its header alone.
     let pods = table("connections")?;
     assert_eq!(pods.len(), 1, "{pods:?}");
-    assert_eq!(pods[0][..3], ["NAMESPACE", "POD", "NAME"]);
+    assert_eq!(pods[0][..3], ["WORKLOAD", "DIRECTION", "LOCAL"]);
     Ok(())
 }
 

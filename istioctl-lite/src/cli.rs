@@ -42,6 +42,8 @@ pub struct Global {
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
+    /// Tables (istioctl's `short`).
+    #[value(alias = "short")]
     Table,
     Json,
     Yaml,
@@ -66,7 +68,9 @@ pub enum Command {
         #[command(subcommand)]
         command: DataplaneCommand,
     },
-    /// Show ztunnel's configuration from its /config_dump.
+    /// Show ztunnel's configuration from its /config_dump, or set its log levels
+    /// (Istio's `istioctl ztunnel-config`).
+    #[command(visible_alias = "zc")]
     ZtunnelConfig(ZtunnelConfigArgs),
     /// Check a node and the cluster before installing.
     Precheck(PrecheckArgs),
@@ -216,47 +220,136 @@ pub struct DataplaneArgs {
     pub timeout: Duration,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConfigSection {
-    Workloads,
-    Services,
-    Policies,
-    Certificates,
-    Connections,
-    All,
-}
-
+/// `ztunnel-config` (Istio's `istioctl ztunnel-config`, alias `zc`).
 #[derive(Args, Debug)]
 pub struct ZtunnelConfigArgs {
-    /// What to show.
-    #[arg(value_enum)]
-    pub section: ConfigSection,
-    /// Read the dump from a file (`curl localhost:15000/config_dump > FILE`).
-    #[arg(short = 'f', long = "file", conflicts_with = "ztunnel_admin")]
+    #[command(subcommand)]
+    pub command: ZtunnelConfigCommand,
+}
+
+/// Istio's subcommands, with its aliases.
+#[derive(Subcommand, Debug)]
+pub enum ZtunnelConfigCommand {
+    /// Show or set the log levels of ztunnels (POST /logging on their admin port);
+    /// without a pod, every ztunnel pod.
+    #[command(visible_alias = "o")]
+    Log(ZtunnelLogArgs),
+    /// The workloads a ztunnel knows.
+    #[command(visible_aliases = ["w", "workloads"])]
+    Workload(WorkloadArgs),
+    /// The certificates a ztunnel holds.
+    #[command(visible_aliases = ["certificates", "certs", "cert"])]
+    Certificate(DumpSource),
+    /// The services a ztunnel knows.
+    #[command(visible_aliases = ["services", "s", "svc"])]
+    Service(ServiceArgs),
+    /// The authorization policies a ztunnel knows.
+    #[command(visible_aliases = ["policies", "p", "pol"])]
+    Policy(PolicyArgs),
+    /// Everything: every table, or with -o json|yaml the whole dump.
+    All(DumpSource),
+    /// The live connections of the pods a ztunnel serves.
+    #[command(visible_alias = "cons")]
+    Connections(ConnectionsArgs),
+}
+
+/// Which ztunnel (or file) to read: Istio's common flags, plus ways to reach the
+/// admin port without a port-forward.
+#[derive(Args, Debug, Clone)]
+pub struct DumpSource {
+    /// The ztunnel pod: `[<type>/]<name>[.<namespace>]`.
+    pub pod: Option<String>,
+    /// Read the dump from a file (`-` for stdin), e.g. `curl localhost:15000/config_dump > FILE`.
+    #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
-    /// ztunnel admin address (HOST:PORT), e.g. via `kubectl port-forward ds/ztunnel 15000`.
-    #[arg(long)]
-    pub ztunnel_admin: Option<String>,
-    /// Only workloads on this node; without -f/--ztunnel-admin also selects the
-    /// ztunnel pod on this node (reached at podIP:15000, which needs its
-    /// ADMIN_ADDR bound to 0.0.0.0).
+    /// The ztunnel pod on this node.
     #[arg(long)]
     pub node: Option<String>,
-    /// Only objects in this namespace.
+    /// ztunnel's admin port (reached at the pod's IP, which needs its ADMIN_ADDR
+    /// bound to 0.0.0.0; else use --ztunnel-admin through a port-forward).
+    #[arg(long, default_value_t = 15000)]
+    pub proxy_admin_port: u16,
+    /// A ztunnel admin address (HOST:PORT), e.g. from `kubectl port-forward ds/ztunnel 15000`.
     #[arg(long)]
-    pub workload_namespace: Option<String>,
-    /// Only workloads with this IP address.
-    #[arg(long)]
-    pub address: Option<String>,
-    /// Namespace of the ztunnel pods (kube lookup), and istiod's.
-    #[arg(long, default_value = "istio-system")]
+    pub ztunnel_admin: Option<String>,
+    /// Namespace of the ztunnel pods (default: --istio-namespace).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Istio's namespace.
+    #[arg(
+        short = 'i',
+        long = "istio-namespace",
+        alias = "istioNamespace",
+        default_value = "istio-system"
+    )]
     pub istio_namespace: String,
     /// Read the control plane's view over XDS instead of a ztunnel's dump (no
-    /// ztunnel admin port needed).
+    /// ztunnel admin port needed; no certificates or connections).
     #[arg(long, conflicts_with_all = ["file", "ztunnel_admin"])]
     pub from_control_plane: bool,
     #[command(flatten)]
     pub xds: XdsArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkloadArgs {
+    #[command(flatten)]
+    pub source: DumpSource,
+    /// Only workloads with this IP address.
+    #[arg(long)]
+    pub address: Option<String>,
+    /// Only workloads in this namespace.
+    #[arg(long)]
+    pub workload_namespace: Option<String>,
+    /// Only workloads on this node.
+    #[arg(long)]
+    pub workload_node: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ServiceArgs {
+    #[command(flatten)]
+    pub source: DumpSource,
+    /// Only services in this namespace.
+    #[arg(long, alias = "workload-namespace")]
+    pub service_namespace: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct PolicyArgs {
+    #[command(flatten)]
+    pub source: DumpSource,
+    /// Only policies in this namespace.
+    #[arg(long, alias = "workload-namespace")]
+    pub policy_namespace: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ConnectionsArgs {
+    #[command(flatten)]
+    pub source: DumpSource,
+    /// Only the connections of pods in this namespace.
+    #[arg(long)]
+    pub workload_namespace: Option<String>,
+    /// `inbound` or `outbound` only; anything else shows both.
+    #[arg(long, default_value = "")]
+    pub direction: String,
+    /// Addresses as they are, not resolved to service and workload names.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ZtunnelLogArgs {
+    #[command(flatten)]
+    pub source: DumpSource,
+    /// Levels to set: `<level>` or `<target>=<level>,...` (trace, debug, info, warn,
+    /// error, off).
+    #[arg(long, default_value = "")]
+    pub level: String,
+    /// Reset levels to the default value (info).
+    #[arg(short = 'r', long)]
+    pub reset: bool,
 }
 
 #[derive(Args, Debug)]

@@ -13,11 +13,13 @@ mod precheck;
 mod proxystatus;
 mod rollout;
 mod xds;
+mod zfetch;
+mod zlog;
 mod ztables;
 
 use clap::Parser;
 
-use cli::{CaCommand, Cli, Command, DataplaneCommand};
+use cli::{CaCommand, Cli, Command, DataplaneCommand, ZtunnelConfigCommand};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -54,16 +56,55 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::DataplaneMode {
             command: DataplaneCommand::Disable(args),
         } => dataplane::run(g, args, false).await,
-        Command::ZtunnelConfig(args) => {
-            let dump = configdump::load(g, args).await?;
-            ztables::print(
-                &dump,
-                args.section,
-                &ztables::Filter::from_args(args),
-                g.output,
-            )
-        }
+        Command::ZtunnelConfig(args) => ztunnel_config(g, &args.command).await,
         Command::Precheck(args) => precheck::run(g, args).await,
         Command::ProxyStatus(args) => proxystatus::run(g, args).await,
     }
+}
+
+/// `ztunnel-config`: `log` talks to `/logging`; the rest read `/config_dump`.
+async fn ztunnel_config(g: &cli::Global, command: &ZtunnelConfigCommand) -> anyhow::Result<()> {
+    use ztables::View;
+    let (source, view, single) = match command {
+        ZtunnelConfigCommand::Log(args) => return zlog::run(g, args).await,
+        ZtunnelConfigCommand::Workload(a) => (
+            &a.source,
+            View::Workloads {
+                address: a.address.clone(),
+                namespace: a.workload_namespace.clone(),
+                node: a.workload_node.clone(),
+            },
+            false,
+        ),
+        ZtunnelConfigCommand::Certificate(source) => (source, View::Certificates, true),
+        ZtunnelConfigCommand::Service(a) => (
+            &a.source,
+            View::Services {
+                namespace: a.service_namespace.clone(),
+            },
+            false,
+        ),
+        ZtunnelConfigCommand::Policy(a) => (
+            &a.source,
+            View::Policies {
+                namespace: a.policy_namespace.clone(),
+            },
+            false,
+        ),
+        ZtunnelConfigCommand::All(source) => (source, View::All, false),
+        ZtunnelConfigCommand::Connections(a) => (
+            &a.source,
+            View::Connections {
+                namespace: a.workload_namespace.clone(),
+                direction: a.direction.clone(),
+                raw: a.raw,
+            },
+            true,
+        ),
+    };
+    let raw = zfetch::load(g, source, single).await?;
+    let dump = configdump::Dump::parse(&raw)?;
+    let now = time::OffsetDateTime::now_utc();
+    print!("{}", ztables::render(&raw, &dump, &view, g.output, now)?);
+    Ok(())
 }

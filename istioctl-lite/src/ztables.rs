@@ -1,114 +1,159 @@
-//! istioctl's `ztunnel-config` tables, column for column (headers, sort order,
-//! `None` waypoints, `healthy/total` endpoints, Leaf/Root certificate rows).
+//! What `istioctl ztunnel-config` prints, column for column: the tables (`-o
+//! short`), their filters and sort orders, and the `-o json|yaml` forms (istioctl's
+//! Go structs re-marshalled with a 4-space indent, or the raw dump for `all`).
 
 use anyhow::Result;
 use serde::Serialize;
+use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use crate::cli::{ConfigSection, Output, ZtunnelConfigArgs};
-use crate::configdump::{Cert, Dump, Service, Workload};
-use crate::output::{print_structured, Table};
+use crate::cli::Output;
+use crate::configdump::{Cert, Dump, GatewayAddress, Policy, Service, Workload, WorkloadState};
+use crate::output::Table;
 
-/// Filters, as istioctl's `--node`, `--workload-namespace`, `--address`.
-#[derive(Debug, Default, Clone)]
-pub struct Filter {
-    pub node: Option<String>,
-    pub namespace: Option<String>,
-    pub address: Option<String>,
+/// One view of the dump, with its filters (istioctl's flags of each subcommand).
+#[derive(Debug, Clone)]
+pub enum View {
+    Workloads {
+        address: Option<String>,
+        namespace: Option<String>,
+        node: Option<String>,
+    },
+    Services {
+        namespace: Option<String>,
+    },
+    Policies {
+        namespace: Option<String>,
+    },
+    Certificates,
+    Connections {
+        namespace: Option<String>,
+        direction: String,
+        raw: bool,
+    },
+    All,
 }
 
-impl Filter {
-    pub fn from_args(args: &ZtunnelConfigArgs) -> Self {
-        Filter {
-            node: args.node.clone(),
-            namespace: args.workload_namespace.clone(),
-            address: args.address.clone(),
+/// What to print for `view` of the dump `raw` in `format`; `now` decides
+/// certificate validity.
+pub fn render(
+    raw: &str,
+    dump: &Dump,
+    view: &View,
+    format: Output,
+    now: OffsetDateTime,
+) -> Result<String> {
+    match (view, format) {
+        (View::All, Output::Json) => Ok(format!("{}\n", raw.trim_end())),
+        (View::All, Output::Yaml) => {
+            let value: Value = serde_json::from_str(raw)?;
+            Ok(serde_yaml::to_string(&crate::ztables::sorted(value))?)
+        }
+        (_, Output::Json) => go_json(&structured(dump, view)?),
+        (_, Output::Yaml) => Ok(serde_yaml::to_string(&sorted(structured(dump, view)?))?),
+        (_, Output::Table) => Ok(table(dump, view, now)),
+    }
+}
+
+/// Go's `json.MarshalIndent(v, "", "    ")`, then a newline.
+fn go_json(value: &Value) -> Result<String> {
+    let mut out = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
+    value.serialize(&mut serializer)?;
+    Ok(String::from_utf8(out)? + "\n")
+}
+
+/// `value` with object keys sorted, as sigs.k8s.io/yaml writes them.
+pub fn sorted(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+fn structured(dump: &Dump, view: &View) -> Result<Value> {
+    Ok(match view {
+        View::Workloads { .. } => serde_json::to_value(unsorted_workloads(dump, view))?,
+        View::Services { namespace } => serde_json::to_value(services_of(dump, namespace))?,
+        View::Policies { namespace } => serde_json::to_value(policies_of(dump, namespace))?,
+        View::Certificates => serde_json::to_value(&dump.certificates)?,
+        View::Connections { namespace, .. } => serde_json::to_value(states_of(dump, namespace))?,
+        View::All => Value::Null,
+    })
+}
+
+fn table(dump: &Dump, view: &View, now: OffsetDateTime) -> String {
+    match view {
+        View::Workloads { .. } => workloads_table(dump, view),
+        View::Services { namespace } => services_table(dump, namespace),
+        View::Policies { namespace } => policies_table(dump, namespace),
+        View::Certificates => certificates_table(dump, now),
+        View::Connections {
+            namespace,
+            direction,
+            raw,
+        } => connections_table(dump, namespace, direction, *raw),
+        View::All => {
+            let none = None;
+            let all = View::Workloads {
+                address: None,
+                namespace: None,
+                node: None,
+            };
+            [
+                workloads_table(dump, &all),
+                services_table(dump, &none),
+                policies_table(dump, &none),
+                certificates_table(dump, now),
+                connections_table(dump, &none, "", false),
+            ]
+            .iter()
+            .map(|t| format!("\n{t}"))
+            .collect()
         }
     }
-
-    fn namespace_ok(&self, ns: &str) -> bool {
-        self.namespace
-            .as_ref()
-            .is_none_or(|n| n.eq_ignore_ascii_case(ns))
-    }
-
-    fn workload_ok(&self, w: &Workload) -> bool {
-        self.namespace_ok(&w.namespace)
-            && self
-                .node
-                .as_ref()
-                .is_none_or(|n| n.eq_ignore_ascii_case(&w.node))
-            && self
-                .address
-                .as_ref()
-                .is_none_or(|a| w.workload_ips.iter().any(|ip| ip.eq_ignore_ascii_case(a)))
-    }
 }
 
-/// Prints one section (or all, each preceded by a blank line like istioctl).
-pub fn print(dump: &Dump, section: ConfigSection, filter: &Filter, format: Output) -> Result<()> {
-    if format != Output::Table {
-        return print_structured(format, &structured(dump, section, filter));
-    }
-    print!(
-        "{}",
-        render(dump, section, filter, OffsetDateTime::now_utc())
-    );
-    Ok(())
+fn same(filter: &Option<String>, value: &str) -> bool {
+    filter
+        .as_ref()
+        .is_none_or(|f| f.eq_ignore_ascii_case(value))
 }
 
-/// Table text; `now` decides certificate validity (fixed in tests).
-pub fn render(dump: &Dump, section: ConfigSection, filter: &Filter, now: OffsetDateTime) -> String {
-    match section {
-        ConfigSection::Workloads => workloads(dump, filter),
-        ConfigSection::Services => services(dump, filter),
-        ConfigSection::Policies => policies(dump, filter),
-        ConfigSection::Certificates => certificates(dump, now),
-        ConfigSection::Connections => connections(dump, filter),
-        ConfigSection::All => [
-            workloads(dump, filter),
-            services(dump, filter),
-            policies(dump, filter),
-            certificates(dump, now),
-            connections(dump, filter),
-        ]
-        .iter()
-        .map(|t| format!("\n{t}"))
-        .collect(),
-    }
-}
-
-fn structured(dump: &Dump, section: ConfigSection, filter: &Filter) -> serde_json::Value {
-    let value = match section {
-        ConfigSection::Workloads => serde_json::to_value(filtered_workloads(dump, filter)),
-        ConfigSection::Services => serde_json::to_value(filtered_services(dump, filter)),
-        ConfigSection::Policies => serde_json::to_value(filtered_policies(dump, filter)),
-        ConfigSection::Certificates => serde_json::to_value(&dump.certificates),
-        ConfigSection::Connections => serde_json::to_value(filtered_pods(dump, filter)),
-        ConfigSection::All => serde_json::to_value(dump),
+/// Workloads passing the filters, in dump order (istioctl's `-o json` order).
+fn unsorted_workloads<'a>(dump: &'a Dump, view: &View) -> Vec<&'a Workload> {
+    let View::Workloads {
+        address,
+        namespace,
+        node,
+    } = view
+    else {
+        return Vec::new();
     };
-    value.unwrap_or_default()
-}
-
-fn filtered_workloads<'a>(dump: &'a Dump, filter: &Filter) -> Vec<&'a Workload> {
-    let mut out: Vec<&Workload> = dump
-        .workloads
+    dump.workloads
         .iter()
-        .filter(|w| filter.workload_ok(w))
-        .collect();
-    out.sort_by(|a, b| {
-        (format!("{}.{}", a.namespace, a.name), &a.node)
-            .cmp(&(format!("{}.{}", b.namespace, b.name), &b.node))
-    });
-    out
+        .filter(|w| {
+            address
+                .as_ref()
+                .is_none_or(|a| w.ips().iter().any(|ip| ip.eq_ignore_ascii_case(a)))
+                && same(namespace, &w.namespace)
+                && same(node, &w.node)
+        })
+        .collect()
 }
 
-fn filtered_services<'a>(dump: &'a Dump, filter: &Filter) -> Vec<&'a Service> {
+fn services_of<'a>(dump: &'a Dump, namespace: &Option<String>) -> Vec<&'a Service> {
     let mut out: Vec<&Service> = dump
         .services
         .iter()
-        .filter(|s| filter.namespace_ok(&s.namespace))
+        .filter(|s| same(namespace, &s.namespace))
         .collect();
     out.sort_by(|a, b| {
         (&a.namespace, &a.name, &a.hostname).cmp(&(&b.namespace, &b.name, &b.hostname))
@@ -116,31 +161,30 @@ fn filtered_services<'a>(dump: &'a Dump, filter: &Filter) -> Vec<&'a Service> {
     out
 }
 
-fn filtered_policies<'a>(dump: &'a Dump, filter: &Filter) -> Vec<&'a crate::configdump::Policy> {
-    let mut out: Vec<_> = dump
+fn policies_of<'a>(dump: &'a Dump, namespace: &Option<String>) -> Vec<&'a Policy> {
+    let mut out: Vec<&Policy> = dump
         .policies
         .iter()
-        .filter(|p| filter.namespace_ok(&p.namespace))
+        .filter(|p| same(namespace, &p.namespace))
         .collect();
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     out
 }
 
-fn filtered_pods<'a>(dump: &'a Dump, filter: &Filter) -> Vec<&'a crate::configdump::PodSummary> {
-    let mut out: Vec<_> = dump
-        .pods
-        .iter()
-        .filter(|p| filter.namespace_ok(&p.namespace))
+/// Pod states passing `--workload-namespace` (case-sensitive, as istioctl), by
+/// namespace then name.
+fn states_of<'a>(dump: &'a Dump, namespace: &Option<String>) -> Vec<&'a WorkloadState> {
+    let mut out: Vec<&WorkloadState> = dump
+        .workload_state
+        .values()
+        .filter(|s| namespace.as_ref().is_none_or(|n| *n == s.info.namespace))
         .collect();
-    out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out.sort_by(|a, b| (&a.info.namespace, &a.info.name).cmp(&(&b.info.namespace, &b.info.name)));
     out
 }
 
-/// The waypoint's service name, `None` without one, `NA` if it is unknown.
-fn waypoint_name(
-    waypoint: Option<&crate::configdump::GatewayAddress>,
-    services: &[Service],
-) -> String {
+/// The waypoint's service name, `None` without one, `NA` if no service matches.
+fn waypoint_name(waypoint: Option<&GatewayAddress>, services: &[Service]) -> String {
     let Some(w) = waypoint else {
         return "None".into();
     };
@@ -148,13 +192,18 @@ fn waypoint_name(
         .iter()
         .find(|s| {
             format!("{}/{}", s.namespace, s.hostname) == w.destination
-                || s.vips.contains(&w.destination)
+                || s.vip_list().contains(&w.destination)
         })
         .map(|s| s.name.clone())
         .unwrap_or_else(|| "NA".into())
 }
 
-fn workloads(dump: &Dump, filter: &Filter) -> String {
+fn workloads_table(dump: &Dump, view: &View) -> String {
+    let mut rows = unsorted_workloads(dump, view);
+    rows.sort_by(|a, b| {
+        (format!("{}.{}", a.namespace, a.name), &a.node)
+            .cmp(&(format!("{}.{}", b.namespace, b.name), &b.node))
+    });
     let mut t = Table::new(
         1,
         &[
@@ -166,11 +215,11 @@ fn workloads(dump: &Dump, filter: &Filter) -> String {
             "PROTOCOL",
         ],
     );
-    for w in filtered_workloads(dump, filter) {
-        let address = if w.workload_ips.is_empty() {
+    for w in rows {
+        let address = if w.ips().is_empty() {
             w.hostname.clone()
         } else {
-            w.workload_ips.join(",")
+            w.ips().join(",")
         };
         t.row(vec![
             w.namespace.clone(),
@@ -184,32 +233,24 @@ fn workloads(dump: &Dump, filter: &Filter) -> String {
     t.render()
 }
 
-fn healthy(status: Option<&str>) -> bool {
-    matches!(status, None | Some("") | Some("Healthy"))
-}
-
-/// `healthy/total` from the service's endpoints, else from the workloads that name it.
+/// `healthy/total`: every endpoint counts; healthy ones are those whose workload is
+/// in the dump with status `Healthy` (istioctl ignores the endpoint's own status).
 fn endpoints(svc: &Service, workloads: &[Workload]) -> String {
-    let (ok, total) = if !svc.endpoints.is_empty() {
-        let ok = svc
-            .endpoints
-            .values()
-            .filter(|e| healthy(e.get("status").and_then(|s| s.as_str())))
-            .count();
-        (ok, svc.endpoints.len())
-    } else {
-        let key = format!("{}/{}", svc.namespace, svc.hostname);
-        let members: Vec<&Workload> = workloads
-            .iter()
-            .filter(|w| w.services.contains_key(&key))
-            .collect();
-        let ok = members.iter().filter(|w| healthy(Some(&w.status))).count();
-        (ok, members.len())
-    };
-    format!("{ok}/{total}")
+    let all = svc.endpoints.as_ref();
+    let total = all.map_or(0, |e| e.len());
+    let healthy = all
+        .into_iter()
+        .flat_map(|e| e.values().flatten())
+        .filter(|e| {
+            workloads
+                .iter()
+                .any(|w| w.uid == e.workload_uid && w.status == "Healthy")
+        })
+        .count();
+    format!("{healthy}/{total}")
 }
 
-fn services(dump: &Dump, filter: &Filter) -> String {
+fn services_table(dump: &Dump, namespace: &Option<String>) -> String {
     let mut t = Table::new(
         1,
         &[
@@ -220,16 +261,16 @@ fn services(dump: &Dump, filter: &Filter) -> String {
             "ENDPOINTS",
         ],
     );
-    for s in filtered_services(dump, filter) {
-        let vip = s
-            .vips
-            .first()
-            .map(|v| v.split_once('/').map(|(_, ip)| ip).unwrap_or(v).to_string())
-            .unwrap_or_default();
+    for s in services_of(dump, namespace) {
+        let vips: Vec<&str> = s
+            .vip_list()
+            .iter()
+            .map(|v| v.split_once('/').map_or(v.as_str(), |(_, ip)| ip))
+            .collect();
         t.row(vec![
             s.namespace.clone(),
             s.name.clone(),
-            vip,
+            vips.join(","),
             waypoint_name(s.waypoint.as_ref(), &dump.services),
             endpoints(s, &dump.workloads),
         ]);
@@ -237,9 +278,9 @@ fn services(dump: &Dump, filter: &Filter) -> String {
     t.render()
 }
 
-fn policies(dump: &Dump, filter: &Filter) -> String {
+fn policies_table(dump: &Dump, namespace: &Option<String>) -> String {
     let mut t = Table::new(1, &["NAMESPACE", "POLICY NAME", "ACTION", "SCOPE"]);
-    for p in filtered_policies(dump, filter) {
+    for p in policies_of(dump, namespace) {
         t.row(vec![
             p.namespace.clone(),
             p.name.clone(),
@@ -250,66 +291,55 @@ fn policies(dump: &Dump, filter: &Filter) -> String {
     t.render()
 }
 
-/// Serial and validity of a chain entry: the dump's fields, else read from its PEM
-/// (our dump only annotates the leaf).
-#[derive(Debug, Default, Serialize, PartialEq)]
-struct CertFacts {
-    serial: String,
-    not_before: String,
-    not_after: String,
-}
-
-fn facts(cert: &Cert) -> CertFacts {
-    let mut f = CertFacts {
-        serial: cert.serial_number.to_lowercase(),
-        not_before: cert.valid_from.clone(),
-        not_after: cert.expiration_time.clone(),
-    };
-    if f.serial.is_empty() || f.not_before.is_empty() || f.not_after.is_empty() {
-        if let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(cert.pem.as_bytes()) {
-            if let Ok(x509) = pem.parse_x509() {
-                let fmt = |t: x509_parser::time::ASN1Time| {
-                    t.to_datetime().format(&Rfc3339).unwrap_or_default()
-                };
-                if f.serial.is_empty() {
-                    f.serial = x509
-                        .tbs_certificate
-                        .raw_serial()
-                        .iter()
-                        .map(|b| format!("{b:02x}"))
-                        .collect();
-                }
-                if f.not_before.is_empty() {
-                    f.not_before = fmt(x509.validity().not_before);
-                }
-                if f.not_after.is_empty() {
-                    f.not_after = fmt(x509.validity().not_after);
-                }
-            }
+/// A decimal serial number in lowercase hex (Go's `%x` of a big.Int); the text as
+/// is when it is not decimal.
+pub fn decimal_to_hex(decimal: &str) -> String {
+    if decimal.is_empty() || !decimal.bytes().all(|b| b.is_ascii_digit()) {
+        return decimal.to_owned();
+    }
+    // Base 2^32 limbs, least significant first.
+    let mut limbs: Vec<u32> = vec![0];
+    for digit in decimal.bytes().map(|b| u64::from(b - b'0')) {
+        let mut carry = digit;
+        for limb in limbs.iter_mut() {
+            let v = u64::from(*limb) * 10 + carry;
+            *limb = v as u32;
+            carry = v >> 32;
+        }
+        if carry > 0 {
+            limbs.push(carry as u32);
         }
     }
-    f
+    let mut hex = String::new();
+    for (i, limb) in limbs.iter().rev().enumerate() {
+        if i == 0 {
+            hex.push_str(&format!("{limb:x}"));
+        } else {
+            hex.push_str(&format!("{limb:08x}"));
+        }
+    }
+    hex
 }
 
-fn valid_at(f: &CertFacts, now: OffsetDateTime) -> bool {
+fn valid_at(cert: &Cert, now: OffsetDateTime) -> bool {
     match (
-        OffsetDateTime::parse(&f.not_before, &Rfc3339),
-        OffsetDateTime::parse(&f.not_after, &Rfc3339),
+        OffsetDateTime::parse(&cert.valid_from, &Rfc3339),
+        OffsetDateTime::parse(&cert.expiration_time, &Rfc3339),
     ) {
         (Ok(from), Ok(to)) => now > from && now < to,
         _ => false,
     }
 }
 
-fn na(s: String) -> String {
+fn na(s: &str) -> String {
     if s.is_empty() {
         "NA".into()
     } else {
-        s
+        s.to_owned()
     }
 }
 
-fn certificates(dump: &Dump, now: OffsetDateTime) -> String {
+fn certificates_table(dump: &Dump, now: OffsetDateTime) -> String {
     let mut t = Table::new(
         5,
         &[
@@ -324,181 +354,126 @@ fn certificates(dump: &Dump, now: OffsetDateTime) -> String {
     );
     for c in &dump.certificates {
         let state = if c.state.contains("Unavailable") {
-            "Unavailable".to_string()
+            "Unavailable".to_owned()
         } else {
             c.state.clone()
         };
-        if c.cert_chain.is_empty() {
-            t.row(vec![
-                c.identity.clone(),
-                "NA".into(),
-                state,
-                "false".into(),
-                "NA".into(),
-                "NA".into(),
-                "NA".into(),
-            ]);
+        let chain: Vec<&Cert> = c.cert_chain.iter().flatten().flatten().collect();
+        let roots: Vec<&Cert> = c.root_certs.iter().flatten().flatten().collect();
+        if chain.is_empty() {
+            t.row(
+                [&c.identity, "NA", &state, "false", "NA", "NA", "NA"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            );
             continue;
         }
-        for (i, cert) in c.cert_chain.iter().enumerate() {
-            let kind = if i == 0 { "Leaf" } else { "Root" };
-            let f = facts(cert);
-            let valid = valid_at(&f, now);
+        let mut row = |kind: &str, cert: &Cert| {
             t.row(vec![
                 c.identity.clone(),
-                kind.into(),
+                kind.to_owned(),
                 state.clone(),
-                valid.to_string(),
-                na(f.serial),
-                na(f.not_after),
-                na(f.not_before),
+                valid_at(cert, now).to_string(),
+                decimal_to_hex(&cert.serial_number),
+                na(&cert.expiration_time),
+                na(&cert.valid_from),
             ]);
+        };
+        for (i, cert) in chain.iter().enumerate() {
+            // The legacy format carried the root last in the chain.
+            let kind = match i {
+                0 => "Leaf",
+                i if i + 1 == chain.len() && roots.is_empty() => "Root",
+                _ => "Intermediate",
+            };
+            row(kind, cert);
+        }
+        for cert in &roots {
+            row("Root", cert);
         }
     }
     t.render()
 }
 
-/// Our dump has no connection list; this shows the pods ztunnel serves (their
-/// netns proxies), from the dump's `pods` key.
-fn connections(dump: &Dump, filter: &Filter) -> String {
-    let mut t = Table::new(1, &["NAMESPACE", "POD NAME", "STATE", "IDENTITY", "UID"]);
-    for p in filtered_pods(dump, filter) {
-        t.row(vec![
-            p.namespace.clone(),
-            p.name.clone(),
-            na(p.state.clone()),
-            na(p.identity.clone()),
-            p.uid.clone(),
-        ]);
+/// `host:port` named after the service whose first VIP, or the workload whose first
+/// IP, is `host`.
+fn lookup(addr: &str, dump: &Dump) -> String {
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return addr.to_owned();
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let first_vip = |s: &Service| {
+        s.vip_list().first().map(|v| {
+            v.split_once('/')
+                .map_or(v.as_str(), |(_, ip)| ip)
+                .to_owned()
+        })
+    };
+    if let Some(s) = dump
+        .services
+        .iter()
+        .find(|s| first_vip(s).as_deref() == Some(host))
+    {
+        return format!("{}:{port}", s.hostname);
+    }
+    if let Some(w) = dump
+        .workloads
+        .iter()
+        .find(|w| w.ips().first().map(String::as_str) == Some(host))
+    {
+        return format!("{}.{}:{port}", w.name, w.namespace);
+    }
+    addr.to_owned()
+}
+
+fn connections_table(
+    dump: &Dump,
+    namespace: &Option<String>,
+    direction: &str,
+    raw: bool,
+) -> String {
+    let name = |a: &str| if raw { a.to_owned() } else { lookup(a, dump) };
+    let mut t = Table::new(
+        1,
+        &[
+            "WORKLOAD",
+            "DIRECTION",
+            "LOCAL",
+            "REMOTE",
+            "REMOTE TARGET",
+            "PROTOCOL",
+        ],
+    );
+    for state in states_of(dump, namespace) {
+        let workload = format!("{}.{}", state.info.name, state.info.namespace);
+        if direction != "outbound" {
+            for c in state.connections.inbound.iter().flatten() {
+                t.row(vec![
+                    workload.clone(),
+                    "Inbound".into(),
+                    name(&c.actual_dst),
+                    name(&c.src),
+                    c.original_dst.clone(),
+                    c.protocol.clone(),
+                ]);
+            }
+        }
+        if direction != "inbound" {
+            for c in state.connections.outbound.iter().flatten() {
+                t.row(vec![
+                    workload.clone(),
+                    "Outbound".into(),
+                    name(&c.src),
+                    name(&c.actual_dst),
+                    name(&c.original_dst),
+                    c.protocol.clone(),
+                ]);
+            }
+        }
     }
     t.render()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::PathBuf;
-
-    fn testdata(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("testdata")
-            .join(name)
-    }
-
-    fn dump() -> Dump {
-        Dump::parse(&std::fs::read_to_string(testdata("dump.json")).unwrap()).unwrap()
-    }
-
-    /// A moment inside every certificate's validity in the recorded dump.
-    fn now() -> OffsetDateTime {
-        OffsetDateTime::parse("2026-11-30T12:00:00Z", &Rfc3339).unwrap()
-    }
-
-    /// Compares with `testdata/<name>`; `UPDATE_GOLDEN=1` rewrites it.
-    fn golden(name: &str, got: &str) {
-        test_support::golden::assert_golden(&testdata(name), got);
-    }
-
-    #[test]
-    fn workloads_table_matches_golden() {
-        golden(
-            "workloads.txt",
-            &render(&dump(), ConfigSection::Workloads, &Filter::default(), now()),
-        );
-    }
-
-    #[test]
-    fn services_table_matches_golden() {
-        golden(
-            "services.txt",
-            &render(&dump(), ConfigSection::Services, &Filter::default(), now()),
-        );
-    }
-
-    #[test]
-    fn policies_table_matches_golden() {
-        golden(
-            "policies.txt",
-            &render(&dump(), ConfigSection::Policies, &Filter::default(), now()),
-        );
-    }
-
-    #[test]
-    fn certificates_table_matches_golden() {
-        golden(
-            "certificates.txt",
-            &render(
-                &dump(),
-                ConfigSection::Certificates,
-                &Filter::default(),
-                now(),
-            ),
-        );
-    }
-
-    #[test]
-    fn connections_table_matches_golden() {
-        golden(
-            "connections.txt",
-            &render(
-                &dump(),
-                ConfigSection::Connections,
-                &Filter::default(),
-                now(),
-            ),
-        );
-    }
-
-    #[test]
-    fn all_matches_golden() {
-        golden(
-            "all.txt",
-            &render(&dump(), ConfigSection::All, &Filter::default(), now()),
-        );
-    }
-
-    #[test]
-    fn filters_select_workloads() {
-        let f = Filter {
-            node: Some("node-a".into()),
-            namespace: Some("demo".into()),
-            address: None,
-        };
-        let out = render(&dump(), ConfigSection::Workloads, &f, now());
-        assert_eq!(out.lines().count(), 2, "{out}");
-        assert!(out.contains("client-7d9f8c6b5-abcde"));
-        let f = Filter {
-            address: Some("10.244.1.9".into()),
-            ..Default::default()
-        };
-        let out = render(&dump(), ConfigSection::Workloads, &f, now());
-        assert!(out.contains("db-0") && out.lines().count() == 2, "{out}");
-    }
-
-    #[test]
-    fn expired_certificates_are_not_valid() {
-        let later = OffsetDateTime::parse("2040-01-01T00:00:00Z", &Rfc3339).unwrap();
-        let out = render(
-            &dump(),
-            ConfigSection::Certificates,
-            &Filter::default(),
-            later,
-        );
-        assert!(!out.contains("true"), "{out}");
-    }
-
-    #[test]
-    fn waypoints_resolve_to_service_names() {
-        let mut d = dump();
-        d.workloads[0].waypoint = Some(crate::configdump::GatewayAddress {
-            destination: "/10.96.0.10".into(),
-            ..Default::default()
-        });
-        d.workloads[1].waypoint = Some(crate::configdump::GatewayAddress {
-            destination: "/1.2.3.4".into(),
-            ..Default::default()
-        });
-        let out = render(&d, ConfigSection::Workloads, &Filter::default(), now());
-        assert!(out.contains(" echo ") && out.contains(" NA "), "{out}");
-    }
-}
+#[path = "ztables_tests.rs"]
+mod tests;

@@ -567,26 +567,48 @@ async fn ca_init_creates_the_plugin_secret() {
 }
 
 #[tokio::test]
-async fn ztunnel_config_prints_istio_tables_from_a_dump_file() {
-    let dump = testdata("dump.json");
-    let dump = dump.to_str().unwrap();
-    for (section, golden) in [
-        ("workloads", "workloads.txt"),
-        ("services", "services.txt"),
-        ("policies", "policies.txt"),
-        ("connections", "connections.txt"),
+async fn ztunnel_config_prints_istio_tables_from_both_dumps() {
+    for (prefix, file) in [
+        ("ztunnel", "ztunnel-dump.json"),
+        ("istio", "istio-dump.json"),
     ] {
-        let out = run(None, &["ztunnel-config", section, "-f", dump]).await;
-        assert!(out.status.success());
-        assert_eq!(
-            stdout(&out),
-            std::fs::read_to_string(testdata(golden)).unwrap()
-        );
+        let dump = testdata(file);
+        let dump = dump.to_str().unwrap();
+        // Istio's subcommands, and their aliases.
+        for (sections, golden) in [
+            (&["workload", "workloads", "w"][..], "workloads"),
+            (&["service", "services", "svc", "s"][..], "services"),
+            (&["policy", "policies", "pol", "p"][..], "policies"),
+            (&["connections", "cons"][..], "connections"),
+            (&["all"][..], "all"),
+        ] {
+            for section in sections {
+                let out = run(None, &["zc", section, "-f", dump, "-o", "short"]).await;
+                assert!(
+                    out.status.success(),
+                    "{section}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert_eq!(
+                    stdout(&out),
+                    std::fs::read_to_string(testdata(&format!("{prefix}-{golden}.txt"))).unwrap(),
+                    "{prefix} {section}"
+                );
+            }
+        }
+        let out = run(None, &["ztunnel-config", "certs", "-f", dump]).await;
+        assert!(stdout(&out).starts_with("CERTIFICATE NAME "));
+        // `all -o json` is the dump as it was read.
+        let out = run(None, &["ztunnel-config", "all", "-f", dump, "-o", "json"]).await;
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(all["workloadState"].is_object(), "{prefix}");
     }
+    let dump = testdata("ztunnel-dump.json");
+    let dump = dump.to_str().unwrap();
     let out = run(
         None,
         &[
-            "ztunnel-config",
+            "zc",
             "workloads",
             "-f",
             dump,
@@ -598,21 +620,101 @@ async fn ztunnel_config_prints_istio_tables_from_a_dump_file() {
     )
     .await;
     let workloads: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(workloads[0]["name"], "db-0");
+    assert_eq!(workloads[0]["name"], "db-vm");
     assert_eq!(workloads.as_array().map(Vec::len), Some(1));
-    let out = run(None, &["ztunnel-config", "certificates", "-f", dump]).await;
-    assert!(stdout(&out).starts_with("CERTIFICATE NAME "));
+    let out = run(None, &["zc", "workloads", "-f", "/nonexistent/dump.json"]).await;
+    assert!(!out.status.success());
+    // Istio's argument checks.
+    let out = run(None, &["zc", "workloads", "-f", dump, "--node", "n1"]).await;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most one of"));
+    let out = run(None, &["zc", "log", "--level", "info", "--reset"]).await;
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--level cannot be combined with --reset")
+    );
+    let out = run(None, &["zc", "log", "--level", "loud"]).await;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized logging level: loud"));
+}
+
+/// `zc log` against a live admin endpoint: POST /logging?level=.. and the answer
+/// under the ztunnel's name; a refusal is Istio's "unexpected status code".
+#[tokio::test]
+async fn ztunnel_config_log_posts_to_the_admin_port() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = vec![0u8; 2048];
+            let n = s.read(&mut req).await.unwrap();
+            let head = String::from_utf8_lossy(&req[..n])
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            let answer: &[u8] = if head.contains("level=loud")
+                || head.contains("level=access:debug")
+            {
+                b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\n\r\nInvalid level provided"
+            } else {
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\ncurrent log level is access=debug,info\n"
+            };
+            record.lock().unwrap().push(head);
+            s.write_all(answer).await.unwrap();
+        }
+    });
     let out = run(
         None,
         &[
-            "ztunnel-config",
-            "workloads",
-            "-f",
-            "/nonexistent/dump.json",
+            "zc",
+            "log",
+            "--ztunnel-admin",
+            &addr,
+            "--level",
+            "access=debug",
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout(&out),
+        format!("{addr}:\ncurrent log level is access=debug,info\n\n")
+    );
+    let out = run(None, &["zc", "log", "--ztunnel-admin", &addr, "-r"]).await;
+    assert!(out.status.success());
+    let out = run(
+        None,
+        &[
+            "zc",
+            "log",
+            "--ztunnel-admin",
+            &addr,
+            "--level",
+            "access:debug",
         ],
     )
     .await;
     assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unexpected status code: 400"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            "POST /logging?level=access=debug HTTP/1.0",
+            "POST /logging?level=info&reset HTTP/1.0",
+            "POST /logging?level=access:debug HTTP/1.0",
+        ]
+    );
 }
 
 #[tokio::test]
@@ -625,6 +727,8 @@ async fn every_command_has_help() {
         &["dataplane-mode", "enable", "--help"],
         &["dataplane-mode", "disable", "--help"],
         &["ztunnel-config", "--help"],
+        &["ztunnel-config", "log", "--help"],
+        &["zc", "workload", "--help"],
         &["precheck", "--help"],
     ] {
         let out = run(None, args).await;

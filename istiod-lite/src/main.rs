@@ -1,7 +1,6 @@
 //! `istiod-lite`: flags and environment, then [`istiod_lite::app::run`].
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
 #[command(
@@ -10,7 +9,7 @@ use tracing_subscriber::EnvFilter;
     about = "The mesh control plane: Istio's certificate service with Kubernetes token authentication",
     // Read outside the flags (logging, kube client); listed so a chart's env can be
     // checked against it.
-    after_help = "Environment also read: RUST_LOG, RUST_BACKTRACE, KUBECONFIG, KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT"
+    after_help = "Environment also read: RUST_LOG, LOG_FORMAT, RUST_BACKTRACE, KUBECONFIG, KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT"
 )]
 struct Cli {
     #[command(flatten)]
@@ -24,11 +23,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
+    mesh_runtime::logging::init(&mesh_runtime::logging::Settings::from_env(
+        "info",
+        Some("istiod_lite::"),
+    ));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -26,8 +26,8 @@ use crate::proxy::{
 };
 use crate::socket::{LocalSocketFactory, SocketFactory};
 use crate::state::StateStore;
-use crate::telemetry::LogHandle;
 use mesh_runtime::http_server::{self, Handler, Limits, Request, Server};
+use mesh_runtime::logging::LogHandle;
 use mesh_runtime::netns::NetnsSwitch;
 use mesh_runtime::readiness::{BlockReady, Readiness};
 
@@ -51,10 +51,25 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
     let dns = DnsProxy::from_config(&config, &state, &metrics.dns);
 
     let registry = PodRegistry::default();
-    serve_operations(
-        &config, &state, &certs, &metrics, &readiness, &registry, logging, &shutdown,
-    )
-    .await?;
+    let drained = CancellationToken::new();
+    let admin = Admin {
+        state: state.clone(),
+        certs: certs.clone(),
+        logging,
+        shutdown: shutdown.clone(),
+        drained: drained.clone(),
+        drain_deadline: config.drain_deadline,
+        config: crate::admin::config::config(&config),
+        local_config: config.local_xds_path.clone(),
+        workload_state: {
+            let (registry, connections) = (registry.clone(), connections.clone());
+            Arc::new(move || crate::admin::workload_state(&registry.summaries(), &connections))
+        },
+        profile_duration: crate::admin::pprof::PROFILE_DURATION,
+    };
+    let admin_stop = CancellationToken::new();
+    let admin_servers =
+        serve_operations(&config, admin, &metrics, &readiness, &shutdown, &admin_stop).await?;
 
     // xDS fills the store in the background: pods wait for its first sync.
     let from_xds = match config.discovery() {
@@ -188,6 +203,15 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
     registry.drain_all(config.drain_deadline).await;
     let cut = drain.drain(config.drain_deadline).await;
     shutdown.cancel();
+    // A `/quitquitquit` waiting for the drain answers now; the admin server stops
+    // once it has.
+    drained.cancel();
+    admin_stop.cancel();
+    let _ = tokio::time::timeout(
+        ADMIN_STOP_DEADLINE,
+        futures::future::join_all(admin_servers),
+    )
+    .await;
     info!(cut, "ztunnel stopped");
     Ok(())
 }
@@ -325,40 +349,40 @@ fn control_plane_config(
     })
 }
 
-/// Admin (15000), metrics (15020) and readiness (15021).
-#[allow(clippy::too_many_arguments)]
+/// How long the admin server may take to send its last answers after the drain.
+const ADMIN_STOP_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Admin (15000), metrics (15020) and readiness (15021). The admin server stops on
+/// `admin_stop` (after the drain, so `/quitquitquit` can answer); its tasks are
+/// returned to be awaited.
 async fn serve_operations(
     config: &Config,
-    state: &StateStore,
-    certs: &SecretManager,
+    admin: Admin,
     metrics: &Arc<Metrics>,
     readiness: &Readiness,
-    registry: &PodRegistry,
-    logging: Option<LogHandle>,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let registry = registry.clone();
-    let admin = Admin {
-        state: state.clone(),
-        certs: certs.clone(),
-        logging,
-        shutdown: shutdown.clone(),
-        config: serde_json::to_value(config).unwrap_or_default(),
-        extra: Arc::new(move || {
-            let mut extra = serde_json::Map::new();
-            extra.insert(
-                "pods".into(),
-                serde_json::to_value(registry.summaries()).unwrap_or_default(),
-            );
-            extra
-        }),
-    };
+    admin_stop: &CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let ipv6 = config.ipv6_enabled;
     let listeners = bind(config.admin_addr, ipv6, "admin").await?;
-    spawn_server(listeners, shutdown, move |req: Request| {
-        let admin = admin.clone();
-        async move { admin.handle(req).await }
-    });
+    // A profile samples for 10 s and `/quitquitquit` waits for the drain: the
+    // request deadline covers both.
+    let limits = Limits {
+        request_timeout: admin.profile_duration.max(admin.drain_deadline) + Duration::from_secs(5),
+        ..Limits::default()
+    };
+    let admin_servers: Vec<_> = listeners
+        .into_iter()
+        .map(|listener| {
+            let admin = admin.clone();
+            let handler = move |req: Request| {
+                let admin = admin.clone();
+                async move { admin.handle(req).await }
+            };
+            let server = Server::new(handler, limits, admin_stop.clone());
+            tokio::spawn(server.serve_tcp(listener))
+        })
+        .collect();
 
     let listeners = bind(config.metrics_addr, ipv6, "metrics").await?;
     let metrics = metrics.clone();
@@ -383,7 +407,7 @@ async fn serve_operations(
             }
         }
     });
-    Ok(())
+    Ok(admin_servers)
 }
 
 /// Serves `handler` on each listener of one server (one per address family).

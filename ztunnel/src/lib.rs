@@ -21,6 +21,5 @@ pub mod metrics;
 pub mod proxy;
 pub mod socket;
 pub mod state;
-pub mod telemetry;
 pub mod tls;
 pub mod workers;

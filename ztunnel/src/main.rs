@@ -15,7 +15,7 @@ use ztunnel::identity::CertificateAuthority;
     version,
     about = "Ambient mesh node proxy: HBONE over mutual TLS",
     // Read outside the flags; listed so a chart's env can be checked against it.
-    after_help = "Environment also read: RUST_LOG, RUST_BACKTRACE, ISTIO_META_*, XDS_HEADER_*, CA_HEADER_*"
+    after_help = "Environment also read: RUST_LOG, LOG_FORMAT, RUST_BACKTRACE, ISTIO_META_*, XDS_HEADER_*, CA_HEADER_*"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -166,7 +166,10 @@ fn main() -> anyhow::Result<()> {
             // First, while this is the only thread: see `fdtable`.
             let reserved = ztunnel::fdtable::reserve(ztunnel::fdtable::RESERVED);
             let config = cli.config;
-            let logging = ztunnel::telemetry::init();
+            let logging = mesh_runtime::logging::init(&mesh_runtime::logging::Settings::from_env(
+                "info",
+                Some("ztunnel::"),
+            ));
             match reserved {
                 Ok(slots) => tracing::debug!(slots, "descriptor table reserved"),
                 Err(e) => {

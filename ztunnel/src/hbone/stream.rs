@@ -4,6 +4,7 @@
 use std::future::poll_fn;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -40,6 +41,35 @@ impl H2Stream {
     }
 }
 
+/// Bytes one way of one connection: the connection's own total (for its access log)
+/// and the metric series it adds to as they flow.
+#[derive(Clone, Debug, Default)]
+pub struct ByteTally {
+    metric: Counter,
+    total: Arc<AtomicU64>,
+}
+
+impl ByteTally {
+    /// A tally that also adds to `metric`.
+    pub fn new(metric: Counter) -> Self {
+        ByteTally {
+            metric,
+            total: Arc::default(),
+        }
+    }
+
+    /// Counts `n` more bytes.
+    pub fn add(&self, n: u64) {
+        self.total.fetch_add(n, Ordering::Relaxed);
+        self.metric.inc_by(n);
+    }
+
+    /// This connection's bytes so far.
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
 /// Bytes moved each way by [`copy_bidirectional`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Transferred {
@@ -54,8 +84,8 @@ pub struct Transferred {
 pub async fn copy_bidirectional<T>(
     tcp: T,
     stream: H2Stream,
-    tcp_to_stream: &Counter,
-    stream_to_tcp: &Counter,
+    tcp_to_stream: &ByteTally,
+    stream_to_tcp: &ByteTally,
     idle_timeout: Option<Duration>,
 ) -> io::Result<Transferred>
 where
@@ -131,7 +161,7 @@ impl Activity {
 async fn tcp_to_h2<R: AsyncRead + Unpin>(
     reader: &mut R,
     send: &mut SendStream<Bytes>,
-    counter: &Counter,
+    counter: &ByteTally,
     activity: &Activity,
 ) -> io::Result<u64> {
     let mut size = MIN_READ;
@@ -147,7 +177,7 @@ async fn tcp_to_h2<R: AsyncRead + Unpin>(
         }
         size = next_read_size(size, n);
         total += n as u64;
-        counter.inc_by(n as u64);
+        counter.add(n as u64);
         activity.touch();
         let mut data = buf.split().freeze();
         while !data.is_empty() {
@@ -188,7 +218,7 @@ fn next_read_size(size: usize, read: usize) -> usize {
 async fn h2_to_tcp<W: AsyncWrite + Unpin>(
     recv: &mut RecvStream,
     writer: &mut W,
-    counter: &Counter,
+    counter: &ByteTally,
     activity: &Activity,
 ) -> io::Result<u64> {
     let mut total = 0u64;
@@ -200,7 +230,7 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
         // the sender instead of buffering in ztunnel.
         recv.flow_control().release_capacity(n).map_err(h2_to_io)?;
         total += n as u64;
-        counter.inc_by(n as u64);
+        counter.add(n as u64);
         activity.touch();
     }
     // END_STREAM becomes a TCP FIN towards the local side.
@@ -212,8 +242,8 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
 pub async fn copy_tcp<A, B>(
     a: A,
     b: B,
-    a_to_b: &Counter,
-    b_to_a: &Counter,
+    a_to_b: &ByteTally,
+    b_to_a: &ByteTally,
 ) -> io::Result<Transferred>
 where
     A: AsyncRead + AsyncWrite + Unpin,
@@ -231,7 +261,7 @@ where
     })
 }
 
-async fn copy_counted<R, W>(reader: &mut R, writer: &mut W, counter: &Counter) -> io::Result<u64>
+async fn copy_counted<R, W>(reader: &mut R, writer: &mut W, counter: &ByteTally) -> io::Result<u64>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -250,7 +280,7 @@ where
         size = next_read_size(size, n);
         writer.write_all(&buf).await?;
         total += n as u64;
-        counter.inc_by(n as u64);
+        counter.add(n as u64);
     }
 }
 
@@ -301,10 +331,10 @@ mod idle_tests {
     async fn an_idle_stream_is_closed_and_a_busy_one_is_not() {
         let ((mut client_send, _client_recv), stream) = stream_pair().await;
         let (tcp, _app) = tokio::io::duplex(1024);
-        let counter = Counter::default();
+        let counter = ByteTally::default();
         let idle = Duration::from_millis(300);
         let copy = tokio::spawn(async move {
-            copy_bidirectional(tcp, stream, &Counter::default(), &counter, Some(idle)).await
+            copy_bidirectional(tcp, stream, &ByteTally::default(), &counter, Some(idle)).await
         });
         // Data every 100 ms keeps it open past the idle timeout...
         for _ in 0..6 {

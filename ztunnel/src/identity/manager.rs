@@ -50,6 +50,19 @@ struct Slot {
     current: Mutex<Option<Held>>,
     fetching: tokio::sync::Mutex<()>,
     refresher: Mutex<Option<AbortHandle>>,
+    /// Why the last first fetch failed, while there is no leaf (`/config_dump`).
+    last_error: Mutex<Option<String>>,
+}
+
+/// Where one identity's leaf stands, as `/config_dump` shows it (Istio's states).
+#[derive(Clone, Debug)]
+pub enum CertState {
+    /// A leaf is held (it may have expired while renewals fail).
+    Available(Arc<WorkloadCertificate>),
+    /// The first leaf is being fetched.
+    Initializing,
+    /// The first fetch failed; the error's text.
+    Unavailable(String),
 }
 
 #[derive(Clone)]
@@ -97,9 +110,38 @@ impl SecretManager {
         if let Some(cert) = valid(&slot) {
             return Ok(cert);
         }
-        let cert = self.inner.request(id).await?;
+        let cert = match self.inner.request(id).await {
+            Ok(cert) => cert,
+            Err(e) => {
+                *lock(&slot.last_error) = Some(e.to_string());
+                return Err(e);
+            }
+        };
+        *lock(&slot.last_error) = None;
         self.store(id, &slot, cert.clone());
         Ok(cert)
+    }
+
+    /// Every identity asked for, with where its leaf stands, sorted by identity.
+    pub fn states(&self) -> Vec<(Identity, CertState)> {
+        let slots: Vec<(Identity, Arc<Slot>)> = self
+            .slots()
+            .iter()
+            .map(|(id, slot)| (id.clone(), slot.clone()))
+            .collect();
+        let mut states: Vec<_> = slots
+            .into_iter()
+            .map(|(id, slot)| {
+                let state = match (lock(&slot.current).as_ref(), lock(&slot.last_error).clone()) {
+                    (Some(held), _) => CertState::Available(held.cert.clone()),
+                    (None, Some(error)) => CertState::Unavailable(error),
+                    (None, None) => CertState::Initializing,
+                };
+                (id, state)
+            })
+            .collect();
+        states.sort_by(|a, b| a.0.cmp(&b.0));
+        states
     }
 
     /// All cached leaves, sorted by identity (for `/config_dump`).

@@ -15,6 +15,8 @@ use http::{Method, Request, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
+use super::connections::{ConnectionDump, Direction, Shown};
+use super::result::{ConnectionResult, Endpoints};
 use super::{OwnPorts, ProxyInputs};
 use crate::hbone::server::{respond_status, serve_connection};
 use crate::hbone::stream::{copy_bidirectional, H2Stream};
@@ -22,7 +24,7 @@ use crate::hbone::{
     HANDSHAKE_TIMEOUT, STREAM_IDLE_TIMEOUT, TLS_READ_BUFFER, TLS_SEND_BUFFER_LIMIT,
 };
 use crate::identity::{Identity, WorkloadCertificate};
-use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
+use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
 use crate::state::policy::ConnectionAttrs;
 use crate::tls;
@@ -228,10 +230,19 @@ impl Inbound {
             );
         }
         let source = state.workload_by_ip(peer.addr.ip());
-        let labels = ConnectionLabels::new(Reporter::destination)
-            .with_source(source.as_deref(), Some(&peer.identity))
-            .with_destination(Some(&dst), Some(&self.inputs.local.identity))
+        let labels = TrafficLabels::new(Reporter::destination)
+            .with_source(source.as_deref())
+            .with_source_identity(Some(&peer.identity))
+            .with_destination(Some(&dst))
+            .with_destination_identity(&self.inputs.local.identity)
             .mutual_tls();
+        let ends = Endpoints::new(
+            peer.addr,
+            peer.local,
+            Some(target),
+            source.as_deref(),
+            Some(&dst),
+        );
         let attrs = ConnectionAttrs {
             src_identity: Some(peer.identity.clone()),
             src_ip: peer.addr.ip(),
@@ -239,12 +250,8 @@ impl Inbound {
         };
         if let Err(denied) = state.authorize(&attrs, &dst) {
             info!(src = %peer.identity, %target, reason = %denied, "connection denied by policy");
-            let mut denied_labels = labels.clone();
-            denied_labels.response_flags = "DENY".into();
-            metrics
-                .connections_failed
-                .get_or_create(&denied_labels)
-                .inc();
+            let labels = labels.with_flags(ResponseFlags::Denied);
+            ConnectionResult::failed(metrics, ends, labels, policy_rejection(&denied));
             return refuse(&mut respond, StatusCode::UNAUTHORIZED, "policy_denied");
         }
         // In-pod, the app sees the client pod's own address: the HBONE connection was
@@ -256,7 +263,8 @@ impl Inbound {
             Ok(upstream) => upstream,
             Err(e) => {
                 info!(%target, error = %e, "upstream connect failed");
-                metrics.connections_failed.get_or_create(&labels).inc();
+                let labels = labels.with_flags(ResponseFlags::ConnectFailure);
+                ConnectionResult::failed(metrics, ends, labels, &e);
                 return refuse(
                     &mut respond,
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -272,23 +280,43 @@ impl Inbound {
                 return;
             }
         };
-        let registration = self.inputs.connections.register(attrs);
-        let recorder = ConnectionRecorder::open(metrics, labels);
+        let registration = self.inputs.connections.track(
+            Some(attrs),
+            Some(Shown {
+                workload: self.inputs.local.key(),
+                direction: Direction::Inbound,
+                dump: ConnectionDump {
+                    src: peer.addr.to_string(),
+                    original_dst: None,
+                    actual_dst: target.to_string(),
+                    protocol: "HBONE",
+                },
+            }),
+        );
+        let result = ConnectionResult::open(&self.inputs.metrics, ends, labels);
         let stream = H2Stream::new(send, request.into_body());
-        tokio::select! {
-            result = copy_bidirectional(upstream, stream, &recorder.sent, &recorder.received, Some(STREAM_IDLE_TIMEOUT)) => match result {
-                Ok(t) => debug!(%target, down = t.tcp_to_stream, up = t.stream_to_tcp, "connection closed"),
+        let outcome = tokio::select! {
+            copied = copy_bidirectional(upstream, stream, &result.sent, &result.received, Some(STREAM_IDLE_TIMEOUT)) => match copied {
+                Ok(_) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     info!(%target, src = %peer.identity, error = %e, "connection closed: idle");
                     metrics.error("hbone_stream_idle");
+                    Err(e.to_string())
                 }
-                Err(e) => debug!(%target, error = %e, "connection ended with an error"),
+                Err(e) => Err(e.to_string()),
             },
             () = registration.revoked.cancelled() => {
                 info!(%target, src = %peer.identity, "connection closed: no longer allowed by policy");
+                Err("connection closed due to policy change".to_owned())
             }
-        }
+        };
+        result.record(outcome);
     }
+}
+
+/// The access log's error for a denied connection, in Istio's words.
+pub(super) fn policy_rejection(denied: &crate::state::Denied) -> String {
+    format!("connection closed due to policy rejection: {denied}")
 }
 
 #[cfg(test)]

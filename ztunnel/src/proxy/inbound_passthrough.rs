@@ -7,9 +7,11 @@ use std::net::SocketAddr;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
+use super::connections::{ConnectionDump, Direction, Shown};
+use super::result::{ConnectionResult, Endpoints};
 use super::ProxyInputs;
 use crate::hbone::stream::copy_tcp;
-use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
+use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
 use crate::state::policy::ConnectionAttrs;
 
@@ -69,9 +71,11 @@ impl InboundPassthrough {
             return;
         }
         let source = state.workload_by_ip(peer.ip());
-        let labels = ConnectionLabels::new(Reporter::destination)
-            .with_source(source.as_deref(), None)
-            .with_destination(Some(&dst), Some(&self.inputs.local.identity));
+        let labels = TrafficLabels::new(Reporter::destination)
+            .with_source(source.as_deref())
+            .with_destination(Some(&dst))
+            .with_destination_identity(&self.inputs.local.identity);
+        let ends = Endpoints::new(peer, target, None, source.as_deref(), Some(&dst));
         let attrs = ConnectionAttrs {
             src_identity: None,
             src_ip: peer.ip(),
@@ -79,12 +83,13 @@ impl InboundPassthrough {
         };
         if let Err(denied) = state.authorize(&attrs, &dst) {
             info!(src = %peer, %target, reason = %denied, "plaintext connection denied by policy");
-            let mut denied_labels = labels;
-            denied_labels.response_flags = "DENY".into();
-            metrics
-                .connections_failed
-                .get_or_create(&denied_labels)
-                .inc();
+            let labels = labels.with_flags(ResponseFlags::Denied);
+            ConnectionResult::failed(
+                metrics,
+                ends,
+                labels,
+                super::inbound::policy_rejection(&denied),
+            );
             // `strict_mtls` when a STRICT PeerAuthentication refused plaintext.
             metrics.error(denied.reason());
             return;
@@ -95,22 +100,35 @@ impl InboundPassthrough {
             Ok(upstream) => upstream,
             Err(e) => {
                 debug!(%target, error = %e, "upstream connect failed");
-                metrics.connections_failed.get_or_create(&labels).inc();
+                let labels = labels.with_flags(ResponseFlags::ConnectFailure);
+                ConnectionResult::failed(metrics, ends, labels, &e);
                 return;
             }
         };
-        let registration = self.inputs.connections.register(attrs);
-        let recorder = ConnectionRecorder::open(metrics, labels);
-        tokio::select! {
-            result = copy_tcp(client, upstream, &recorder.received, &recorder.sent) => {
-                if let Err(e) = result {
-                    debug!(%target, error = %e, "plaintext connection ended with an error");
-                }
+        let registration = self.inputs.connections.track(
+            Some(attrs),
+            Some(Shown {
+                workload: self.inputs.local.key(),
+                direction: Direction::Inbound,
+                dump: ConnectionDump {
+                    src: peer.to_string(),
+                    original_dst: None,
+                    actual_dst: target.to_string(),
+                    protocol: "TCP",
+                },
+            }),
+        );
+        let result = ConnectionResult::open(&self.inputs.metrics, ends, labels);
+        let outcome = tokio::select! {
+            copied = copy_tcp(client, upstream, &result.received, &result.sent) => {
+                copied.map(drop).map_err(|e| e.to_string())
             }
             () = registration.revoked.cancelled() => {
                 info!(%target, src = %peer, "connection closed: no longer allowed by policy");
+                Err("connection closed due to policy change".to_owned())
             }
-        }
+        };
+        result.record(outcome);
     }
 }
 

@@ -7,6 +7,7 @@ pub(crate) mod fixtures;
 pub mod inbound;
 pub mod inbound_passthrough;
 pub mod outbound;
+pub mod result;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -41,6 +42,11 @@ impl LocalWorkload {
     /// True when `w` is this workload (by namespace and name).
     pub fn is(&self, w: &Workload) -> bool {
         w.namespace == self.namespace && w.name == self.name
+    }
+
+    /// `(namespace, name)`, the key its connections are listed under.
+    pub fn key(&self) -> (String, String) {
+        (self.namespace.clone(), self.name.clone())
     }
 }
 
@@ -293,6 +299,11 @@ impl OwnPorts {
 
     pub fn contains(&self, port: u16) -> bool {
         self.0.contains(&port)
+    }
+
+    /// The ports, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        self.0.iter().copied()
     }
 }
 

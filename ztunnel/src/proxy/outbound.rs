@@ -9,12 +9,14 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
+use super::connections::{ConnectionDump, Direction, Shown};
+use super::result::{ConnectionResult, Endpoints};
 use super::ProxyInputs;
 use crate::hbone::early::EarlyData;
 use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
 use crate::hbone::stream::{copy_bidirectional, copy_tcp};
 use crate::identity::Identity;
-use crate::metrics::{ConnectionLabels, ConnectionRecorder, Reporter};
+use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
 use crate::state::service::{IpFamilies, Service};
 use crate::state::workload::{Protocol, Workload};
@@ -165,6 +167,7 @@ impl Outbound {
                 self.tunnel(
                     client,
                     peer,
+                    orig_dst,
                     src_identity,
                     source.as_deref(),
                     workload,
@@ -178,13 +181,14 @@ impl Outbound {
                 service,
                 target,
             } => {
-                let mut labels = ConnectionLabels::new(Reporter::source)
-                    .with_source(source.as_deref(), Some(src_identity))
-                    .with_destination(workload.as_deref(), None);
-                if let Some(svc) = &service {
-                    labels = labels.with_service(&svc.hostname);
-                }
-                self.passthrough(client, target, labels).await
+                let labels = TrafficLabels::new(Reporter::source)
+                    .with_source(source.as_deref())
+                    .with_source_identity(Some(src_identity))
+                    .with_destination(workload.as_deref())
+                    .with_service(service.as_deref());
+                let ends =
+                    Endpoints::new(peer, target, None, source.as_deref(), workload.as_deref());
+                self.passthrough(client, orig_dst, ends, labels).await
             }
         }
     }
@@ -247,6 +251,7 @@ impl Outbound {
         &self,
         mut client: TcpStream,
         peer: SocketAddr,
+        orig_dst: SocketAddr,
         src_identity: &Identity,
         source: Option<&Workload>,
         workload: Arc<Workload>,
@@ -274,13 +279,13 @@ impl Outbound {
             client: peer,
             baggage: self.baggage(source),
         };
-        let mut labels = ConnectionLabels::new(Reporter::source)
-            .with_source(source, Some(src_identity))
-            .with_destination(Some(&workload), Some(&dst_identity))
+        let labels = TrafficLabels::new(Reporter::source)
+            .with_source(source)
+            .with_source_identity(Some(src_identity))
+            .with_destination(Some(&workload))
+            .with_service(service.as_deref())
             .mutual_tls();
-        if let Some(svc) = &service {
-            labels = labels.with_service(&svc.hostname);
-        }
+        let ends = Endpoints::new(peer, request.key.dst, Some(target), source, Some(&workload));
         let mut early = EarlyData::new(&mut client);
         let connected = self
             .pool
@@ -292,43 +297,70 @@ impl Outbound {
             Ok(stream) => stream,
             Err(e) => {
                 warn!(dst = %target, identity = %dst_identity, error = %e, "HBONE connect failed");
-                self.inputs
-                    .metrics
-                    .connections_failed
-                    .get_or_create(&labels)
-                    .inc();
+                let labels = labels.with_flags(ResponseFlags::ConnectFailure);
+                ConnectionResult::failed(&self.inputs.metrics, ends, labels, &e);
                 self.inputs.metrics.error("hbone_connect_failed");
                 return;
             }
         };
-        let recorder = ConnectionRecorder::open(&self.inputs.metrics, labels);
-        recorder.received.inc_by(early_bytes);
-        match copy_bidirectional(client, stream, &recorder.received, &recorder.sent, None).await {
-            Ok(t) => {
-                let up = early_bytes + t.tcp_to_stream;
-                debug!(dst = %target, up, down = t.stream_to_tcp, "connection closed")
-            }
-            Err(e) => info!(dst = %target, error = %e, "connection ended with an error"),
+        let _shown = self.show(peer, orig_dst, target, "HBONE");
+        let result = ConnectionResult::open(&self.inputs.metrics, ends, labels);
+        result.received.add(early_bytes);
+        let copied = copy_bidirectional(client, stream, &result.received, &result.sent, None).await;
+        if let Err(e) = &copied {
+            debug!(dst = %target, error = %e, "connection ended with an error");
         }
+        result.record(copied.map(drop));
     }
 
-    async fn passthrough(&self, client: TcpStream, target: SocketAddr, labels: ConnectionLabels) {
+    /// Lists the connection under the local workload in `/config_dump` while the
+    /// registration lives.
+    fn show(
+        &self,
+        peer: SocketAddr,
+        orig_dst: SocketAddr,
+        target: SocketAddr,
+        protocol: &'static str,
+    ) -> super::connections::Registration {
+        self.inputs.connections.track(
+            None,
+            Some(Shown {
+                workload: self.inputs.local.key(),
+                direction: Direction::Outbound,
+                dump: ConnectionDump {
+                    src: peer.to_string(),
+                    original_dst: Some(orig_dst.to_string()),
+                    actual_dst: target.to_string(),
+                    protocol,
+                },
+            }),
+        )
+    }
+
+    async fn passthrough(
+        &self,
+        client: TcpStream,
+        orig_dst: SocketAddr,
+        ends: Endpoints,
+        labels: TrafficLabels,
+    ) {
+        let target = ends.dst;
         let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, None).await {
             Ok(upstream) => upstream,
             Err(e) => {
                 debug!(dst = %target, error = %e, "passthrough connect failed");
-                self.inputs
-                    .metrics
-                    .connections_failed
-                    .get_or_create(&labels)
-                    .inc();
+                let labels = labels.with_flags(ResponseFlags::ConnectFailure);
+                ConnectionResult::failed(&self.inputs.metrics, ends, labels, &e);
                 return;
             }
         };
-        let recorder = ConnectionRecorder::open(&self.inputs.metrics, labels);
-        if let Err(e) = copy_tcp(client, upstream, &recorder.received, &recorder.sent).await {
+        let _shown = self.show(ends.src, orig_dst, target, "TCP");
+        let result = ConnectionResult::open(&self.inputs.metrics, ends, labels);
+        let copied = copy_tcp(client, upstream, &result.received, &result.sent).await;
+        if let Err(e) = &copied {
             debug!(dst = %target, error = %e, "passthrough ended with an error");
         }
+        result.record(copied.map(drop));
     }
 
     /// W3C baggage describing the source, as Istio's ztunnel sends it.

@@ -293,6 +293,17 @@ impl ProxyState {
         out
     }
 
+    /// Every workload whose own `services` map names `svc`, healthy or not, by uid
+    /// (for `/config_dump`).
+    pub fn service_members(&self, svc: &Service) -> Vec<Arc<Workload>> {
+        self.endpoints
+            .get(&svc.key())
+            .into_iter()
+            .flatten()
+            .filter_map(|uid| self.workloads.get(uid).cloned())
+            .collect()
+    }
+
     /// A random endpoint among [`Self::service_endpoints`].
     pub fn pick_endpoint(&self, svc: &Service, port: u16) -> Option<(Arc<Workload>, u16)> {
         self.service_endpoints(svc, port)

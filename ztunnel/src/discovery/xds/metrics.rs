@@ -1,4 +1,4 @@
-//! The xDS client's metrics: Istio's ztunnel names, plus our NACK count.
+//! The xDS client's metrics: Istio's ztunnel names, plus our NACK and per-type size counts.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,6 +21,8 @@ pub struct TerminationLabels {
 pub struct XdsMetrics {
     pub messages: Family<TypeLabels, Counter>,
     pub message_bytes: Family<TypeLabels, Counter>,
+    /// Bytes of every resource received, all types (Istio's `total_messages_size`).
+    pub total_size: Counter,
     pub nacks: Family<TypeLabels, Counter>,
     pub terminations: Family<TerminationLabels, Counter>,
 }
@@ -29,12 +31,17 @@ impl XdsMetrics {
     /// prometheus-client appends `_total` to counters on exposition.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
-            "istio_xds_message",
-            "Total number of xDS responses received, by type",
+            "istio_message_types",
+            "Total number of messages received (unstable)",
             self.messages.clone(),
         );
         registry.register(
-            "istio_xds_message_bytes",
+            "istio_total_messages_size",
+            "Total number of bytes received (unstable)",
+            self.total_size.clone(),
+        );
+        registry.register(
+            "ztunnel_xds_message_bytes",
             "Total size of the xDS resources received, by type",
             self.message_bytes.clone(),
         );

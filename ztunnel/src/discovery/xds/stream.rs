@@ -201,6 +201,14 @@ impl Client {
                 .message_bytes
                 .get_or_create(&labels)
                 .inc_by(bytes as u64);
+            self.metrics.total_size.inc_by(
+                response
+                    .resources
+                    .iter()
+                    .filter_map(|r| r.resource.as_ref())
+                    .map(|any| any.value.len() as u64)
+                    .sum(),
+            );
             let (added, removed) = (response.resources.len(), response.removed_resources.len());
 
             let answered = if type_url == ADDRESS_TYPE_URL {

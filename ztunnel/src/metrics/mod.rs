@@ -3,7 +3,11 @@
 
 use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+pub mod traffic;
+
+pub use traffic::{Reporter, ResponseFlags, SecurityPolicy, TrafficLabels};
+
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -12,101 +16,6 @@ use prometheus_client::registry::Registry;
 use crate::discovery::xds::XdsMetrics;
 use crate::dns::DnsMetrics;
 use crate::identity::manager::CertMetrics;
-use crate::identity::Identity;
-use crate::state::workload::Workload;
-
-/// Which side of the connection reports it, as in Istio's `reporter` label.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum Reporter {
-    source,
-    destination,
-}
-
-/// Istio's `connection_security_policy` label.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum SecurityPolicy {
-    mutual_tls,
-    unknown,
-}
-
-/// Istio's standard TCP labels (the subset ztunnel can fill at L4).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ConnectionLabels {
-    pub reporter: Reporter,
-    pub source_workload: String,
-    pub source_workload_namespace: String,
-    pub source_principal: String,
-    pub destination_service: String,
-    pub destination_workload: String,
-    pub destination_workload_namespace: String,
-    pub destination_principal: String,
-    pub request_protocol: String,
-    pub response_flags: String,
-    pub connection_security_policy: SecurityPolicy,
-}
-
-const UNKNOWN: &str = "unknown";
-
-impl ConnectionLabels {
-    /// Labels for a connection as seen by `reporter`; unknown parts read "unknown",
-    /// as Istio prints them.
-    pub fn new(reporter: Reporter) -> Self {
-        ConnectionLabels {
-            reporter,
-            source_workload: UNKNOWN.into(),
-            source_workload_namespace: UNKNOWN.into(),
-            source_principal: UNKNOWN.into(),
-            destination_service: UNKNOWN.into(),
-            destination_workload: UNKNOWN.into(),
-            destination_workload_namespace: UNKNOWN.into(),
-            destination_principal: UNKNOWN.into(),
-            request_protocol: "tcp".into(),
-            response_flags: "-".into(),
-            connection_security_policy: SecurityPolicy::unknown,
-        }
-    }
-
-    pub fn with_source(mut self, workload: Option<&Workload>, identity: Option<&Identity>) -> Self {
-        if let Some(w) = workload {
-            self.source_workload = w.name.clone();
-            self.source_workload_namespace = w.namespace.clone();
-        }
-        if let Some(id) = identity {
-            self.source_principal = id.to_uri();
-            if workload.is_none() {
-                self.source_workload_namespace = id.namespace.clone();
-            }
-        }
-        self
-    }
-
-    pub fn with_destination(
-        mut self,
-        workload: Option<&Workload>,
-        identity: Option<&Identity>,
-    ) -> Self {
-        if let Some(w) = workload {
-            self.destination_workload = w.name.clone();
-            self.destination_workload_namespace = w.namespace.clone();
-        }
-        if let Some(id) = identity {
-            self.destination_principal = id.to_uri();
-        }
-        self
-    }
-
-    pub fn with_service(mut self, hostname: &str) -> Self {
-        self.destination_service = hostname.to_owned();
-        self
-    }
-
-    pub fn mutual_tls(mut self) -> Self {
-        self.connection_security_policy = SecurityPolicy::mutual_tls;
-        self
-    }
-}
 
 /// Why ztunnel refused or failed a connection (our own metric, beside Istio's).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -123,11 +32,11 @@ struct BuildLabels {
 /// Every metric ztunnel exports.
 pub struct Metrics {
     registry: Registry,
-    pub connections_opened: Family<ConnectionLabels, Counter>,
-    pub connections_closed: Family<ConnectionLabels, Counter>,
-    pub connections_failed: Family<ConnectionLabels, Counter>,
-    pub sent_bytes: Family<ConnectionLabels, Counter>,
-    pub received_bytes: Family<ConnectionLabels, Counter>,
+    pub connections_opened: Family<TrafficLabels, Counter>,
+    pub connections_closed: Family<TrafficLabels, Counter>,
+    pub connections_failed: Family<TrafficLabels, Counter>,
+    pub sent_bytes: Family<TrafficLabels, Counter>,
+    pub received_bytes: Family<TrafficLabels, Counter>,
     /// Refused input and failed connections by reason (bad TLS, not CONNECT, policy...).
     pub errors: Family<ErrorLabels, Counter>,
     /// Connections closed because a policy change denied them.
@@ -264,38 +173,6 @@ impl Metrics {
     }
 }
 
-/// Counts one proxied connection: opened now, bytes as they flow, closed on drop.
-pub struct ConnectionRecorder {
-    labels: ConnectionLabels,
-    closed: Family<ConnectionLabels, Counter>,
-    /// Client to server bytes (Istio's "received during request").
-    pub received: Counter,
-    /// Server to client bytes (Istio's "sent during response").
-    pub sent: Counter,
-}
-
-impl ConnectionRecorder {
-    pub fn open(metrics: &Metrics, labels: ConnectionLabels) -> Self {
-        metrics.connections_opened.get_or_create(&labels).inc();
-        ConnectionRecorder {
-            received: metrics.received_bytes.get_or_create(&labels).clone(),
-            sent: metrics.sent_bytes.get_or_create(&labels).clone(),
-            closed: metrics.connections_closed.clone(),
-            labels,
-        }
-    }
-
-    pub fn labels(&self) -> &ConnectionLabels {
-        &self.labels
-    }
-}
-
-impl Drop for ConnectionRecorder {
-    fn drop(&mut self) {
-        self.closed.get_or_create(&self.labels).inc();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,16 +180,23 @@ mod tests {
     #[test]
     fn exposition_uses_istio_names() {
         let metrics = Metrics::new();
-        let labels = ConnectionLabels::new(Reporter::destination)
-            .with_source(None, Some(&Identity::new("cluster.local", "a", "client")))
+        let labels = TrafficLabels::new(Reporter::destination)
+            .with_source_identity(Some(&crate::identity::Identity::new(
+                "cluster.local",
+                "a",
+                "client",
+            )))
             .mutual_tls();
-        let rec = ConnectionRecorder::open(&metrics, labels);
-        rec.received.inc_by(42);
-        drop(rec);
+        metrics.connections_opened.get_or_create(&labels).inc();
+        metrics.received_bytes.get_or_create(&labels).inc_by(42);
+        metrics.connections_closed.get_or_create(&labels).inc();
         let text = metrics.encode();
         assert!(text.contains("istio_tcp_connections_opened_total{reporter=\"destination\""));
         assert!(text.contains("source_principal=\"spiffe://cluster.local/ns/a/sa/client\""));
-        assert!(text.contains("connection_security_policy=\"mutual_tls\"} 42"));
+        assert!(
+            text.contains("connection_security_policy=\"mutual_tls\",source_region=\"unknown\""),
+            "{text}"
+        );
         assert!(text.contains("istio_tcp_connections_closed_total{"));
         assert!(text.contains("istio_build{component=\"ztunnel\""));
     }
