@@ -58,3 +58,16 @@ bench-quick: setup build-release
 
 clean:
 	$(CARGO) clean
+
+.PHONY: image charts
+
+# The image the charts name (ghcr.io/ambient-rs/ambient-rs:<version>), built offline
+# from Debian's packages and the release binaries: an OCI layout and archive under
+# target/image, and its digest (scripts/image/build.sh, docs/image.md).
+image: setup
+	./scripts/image/build.sh
+
+# The charts packaged for a Helm repository or an OCI registry, with appVersion and
+# the image's digest pinned (make image first): target/charts (scripts/charts.sh).
+charts: image
+	./scripts/charts.sh

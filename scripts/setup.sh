@@ -12,7 +12,11 @@ need_root() {
 
 # python3: the workload tests serve HTTP probes with its http.server; util-linux: unshare,
 # setpriv and mount for the kubelet stand-in's containers.
-packages=(iptables nftables iproute2 ipset iperf3 valgrind containernetworking-plugins procps dnsutils python3 util-linux mount)
+# umoci, debian-archive-keyring and binutils (strip): `make image` (scripts/image/build.sh); podman and runc:
+# the image tests run it (e2e/tests/image.rs); libcap2-bin: capsh, which starts the
+# local cluster's containers in the image's own root (no setpriv there).
+packages=(iptables nftables iproute2 ipset iperf3 valgrind containernetworking-plugins procps dnsutils python3 util-linux mount
+  umoci debian-archive-keyring binutils podman runc libcap2-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -41,9 +41,81 @@ pub fn install_manifests(sets: &[&str]) -> Result<Vec<Value>> {
     Ok(objects)
 }
 
-/// The repository's charts.
+/// The charts the cluster installs: the repository's (`manifests/charts`), or with
+/// `MESH_CHARTS=packaged` the archives `make charts` wrote (`target/charts`, the
+/// image's digest pinned), unpacked as `helm install <archive>` reads them. CI
+/// installs the packaged ones.
 pub fn charts_dir() -> std::path::PathBuf {
+    match std::env::var("MESH_CHARTS").as_deref() {
+        Ok("packaged") => packaged_charts_dir(&packaged_charts_out())
+            .unwrap_or_else(|e| panic!("MESH_CHARTS=packaged: {e:#}")),
+        Ok("") | Ok("source") | Err(_) => source_charts_dir(),
+        Ok(other) => panic!("MESH_CHARTS={other:?}: want packaged or source"),
+    }
+}
+
+/// The repository's charts.
+pub fn source_charts_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/charts")
+}
+
+/// Where `make charts` writes the archives: `CHARTS_OUT`, else `target/charts`.
+pub fn packaged_charts_out() -> std::path::PathBuf {
+    match std::env::var_os("CHARTS_OUT") {
+        Some(dir) => dir.into(),
+        None => images::image_dir()
+            .parent()
+            .map(|target| target.join("charts"))
+            .unwrap_or_else(|| "target/charts".into()),
+    }
+}
+
+/// The chart archives in `out` (`<chart>-<version>.tgz`), unpacked once per content
+/// under `out/unpacked/<sha256 of the archives>`: a charts directory as
+/// `istioctl-lite install --charts-dir` takes it.
+pub fn packaged_charts_dir(out: &Path) -> Result<std::path::PathBuf> {
+    use sha2::{Digest, Sha256};
+    let mut archives: Vec<std::path::PathBuf> = std::fs::read_dir(out)
+        .with_context(|| format!("reading {} (make charts writes it)", out.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "tgz"))
+        .collect();
+    archives.sort();
+    if archives.is_empty() {
+        bail!("no chart archive in {}: run make charts", out.display());
+    }
+    let mut hash = Sha256::new();
+    for a in &archives {
+        hash.update(std::fs::read(a)?);
+    }
+    let dir = out.join("unpacked").join(format!("{:x}", hash.finalize()));
+    if dir.is_dir() {
+        return Ok(dir);
+    }
+    let staging = out
+        .join("unpacked")
+        .join(format!(".{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging)?;
+    for a in &archives {
+        // Each archive holds one directory named after its chart.
+        let status = Command::new("tar")
+            .args(["--extract", "--gzip", "--no-same-owner", "--file"])
+            .arg(a)
+            .arg("--directory")
+            .arg(&staging)
+            .status()
+            .context("running tar")?;
+        if !status.success() {
+            let _ = std::fs::remove_dir_all(&staging);
+            bail!("unpacking {}: tar failed", a.display());
+        }
+    }
+    if std::fs::rename(&staging, &dir).is_err() {
+        // Another process unpacked the same archives first.
+        std::fs::remove_dir_all(&staging)?;
+    }
+    Ok(dir)
 }
 
 /// One container of a rendered workload, with the environment names it is given.

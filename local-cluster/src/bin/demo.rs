@@ -56,6 +56,11 @@ fn main() -> Result<()> {
         local_cluster::services::cluster_dns::CLUSTER_DNS
     );
     println!("   $ istioctl-lite install     (the istiod-lite, cni and ztunnel charts, rendered by helm, applied)");
+    println!(
+        "   charts from {}; the mesh's pods run {}",
+        local_cluster::charts::charts_dir().display(),
+        local_cluster::images::mesh_image()?
+    );
     println!("   mesh CA: istiod-lite, Deployment istiod behind Service istiod.istio-system.svc:15012, the only holder of the CA key");
     for node in &cluster.nodes {
         println!(

@@ -44,14 +44,26 @@ pub(super) fn container_command(
     // A container is a process tree (`sh -c` forks its commands): its own process
     // group (ChildGuard::spawn_group), stopped whole, as a runtime stops its cgroup.
     let image = container["image"].as_str().unwrap_or_default();
-    let program = images::program_for(image, command.first().map(String::as_str))?;
-    let rootfs = container_rootfs(sandbox, pod, container, image, &program)?;
-    // In its own root the image's binaries are in /usr/local/bin.
-    let program = match (&rootfs, program.is_absolute()) {
-        (Some(_), true) => {
-            PathBuf::from("/usr/local/bin").join(program.file_name().unwrap_or_default())
+    // The built image's own root filesystem (make image), else the workspace's binaries.
+    let image_root = images::built_rootfs_for(image)?;
+    let (program, rootfs) = match image_root {
+        Some(image_root) => {
+            let program = images::program_in_image(&image_root, image, command.first())?;
+            let rootfs = image_container_rootfs(sandbox, container, image_root)?;
+            (program, Some(rootfs))
         }
-        _ => program,
+        None => {
+            let program = images::program_for(image, command.first().map(String::as_str))?;
+            let rootfs = container_rootfs(sandbox, pod, container, image, &program)?;
+            // In its own root the image's binaries are in /usr/local/bin.
+            let program = match (&rootfs, program.is_absolute()) {
+                (Some(_), true) => {
+                    PathBuf::from("/usr/local/bin").join(program.file_name().unwrap_or_default())
+                }
+                _ => program,
+            };
+            (program, rootfs)
+        }
     };
     // Without a command, the image's entrypoint gets the args.
     let argv: Vec<String> = std::iter::once(program.to_string_lossy().into_owned())
@@ -67,8 +79,13 @@ pub(super) fn container_command(
     let mut outer = Command::new("ip");
     outer.args(["netns", "exec", sandbox.netns_name()]);
     let mut cmd = runtime::command(outer, rootfs.as_ref(), &identity, &argv)?;
+    // An image's root: its config's PATH, as a runtime sets it.
+    let path = match rootfs.as_ref().and_then(|fs| fs.image.as_ref()) {
+        Some(_) => images::IMAGE_PATH.join(":").into(),
+        None => std::env::var_os("PATH").unwrap_or_default(),
+    };
     cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PATH", path)
         .env(
             "HOSTNAME",
             pod["metadata"]["name"].as_str().unwrap_or_default(),
@@ -182,6 +199,7 @@ fn container_rootfs(
     }
     Ok(Some(runtime::Rootfs {
         root,
+        image: None,
         binaries,
         mounts: sandbox
             .volumes
@@ -190,6 +208,29 @@ fn container_rootfs(
         read_only_root: container["securityContext"]["readOnlyRootFilesystem"] == true,
         working_dir: container["workingDir"].as_str().map(str::to_owned),
     }))
+}
+
+/// The root of a container of the built image: its unpacked layers under the pod's
+/// volumes.
+fn image_container_rootfs(
+    sandbox: &Sandbox,
+    container: &Value,
+    image_root: PathBuf,
+) -> Result<runtime::Rootfs> {
+    let name = container["name"].as_str().unwrap_or_default();
+    let root = sandbox.dir.join("containers").join(name);
+    std::fs::create_dir_all(&root)?;
+    Ok(runtime::Rootfs {
+        root,
+        image: Some(image_root),
+        binaries: Vec::new(),
+        mounts: sandbox
+            .volumes
+            .mounts(container)
+            .context("CreateContainerConfigError")?,
+        read_only_root: container["securityContext"]["readOnlyRootFilesystem"] == true,
+        working_dir: container["workingDir"].as_str().map(str::to_owned),
+    })
 }
 
 fn node_cpu_millis() -> u64 {

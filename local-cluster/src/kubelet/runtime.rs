@@ -1,13 +1,18 @@
 //! The container runtime's part of starting a container: its own mount namespace
-//! with a root of its own (the image: the host's distribution read-only, the
-//! image's binaries in `/usr/local/bin`), the pod's volumes bind-mounted at their
-//! `mountPath`s, a read-only root when asked, and the security context's user,
-//! group and capabilities.
+//! with a root of its own, the pod's volumes bind-mounted at their `mountPath`s, a
+//! read-only root when asked, and the security context's user, group and
+//! capabilities. The root is either the image's own filesystem (`make image`'s
+//! layers, unpacked: an overlay on them, as containerd's snapshotter gives it) or,
+//! for fast local iteration, the host's distribution read-only with the workspace's
+//! binaries in `/usr/local/bin`.
 //!
 //! It is done the way `runc` orders it, with the host's tools: the container's
 //! command runs under `unshare --mount --propagation slave` (so namespaces that
 //! appear on the host later still show through `HostToContainer` mounts), a small
-//! `sh` program builds the root, then `chroot` and `setpriv` exec the command.
+//! `sh` program builds the root, then `chroot` and `setpriv` exec the command. An
+//! image's root has neither (no shell, no util-linux): there `capsh` (libcap2-bin)
+//! does what runc's init does, in its order: chroot, then groups, gid, uid (keeping
+//! capabilities), the bounding, inheritable and ambient sets, `no_new_privs`, exec.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -30,6 +35,10 @@ pub struct Mount {
 pub struct Rootfs {
     /// An empty directory on the host; the root (a tmpfs) is mounted on it.
     pub root: PathBuf,
+    /// The image's unpacked root filesystem: the root is an overlay on it (its
+    /// upper layer lives and dies with the container). `None`: the host's
+    /// distribution and [`Rootfs::binaries`].
+    pub image: Option<PathBuf>,
     /// Host files placed at `/usr/local/bin/<name>` (the image's binaries).
     pub binaries: Vec<PathBuf>,
     pub mounts: Vec<Mount>,
@@ -131,6 +140,56 @@ impl Identity {
         })
     }
 
+    /// `capsh` arguments (after its `--chroot`) that give the process this identity,
+    /// as [`Identity::setpriv_args`] does: `cap_last_cap` is the kernel's highest
+    /// capability number.
+    fn capsh_args(&self, cap_last_cap: usize) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(caps) = &self.capabilities {
+            let named = |c: &String| format!("cap_{c}");
+            if !caps.is_empty() {
+                args.push(format!(
+                    "--inh={}",
+                    caps.iter().map(named).collect::<Vec<_>>().join(",")
+                ));
+            }
+            let dropped: Vec<String> = CAPABILITIES
+                .iter()
+                .take(cap_last_cap + 1)
+                .filter(|c| !caps.iter().any(|k| k == *c))
+                .map(|c| format!("cap_{c}"))
+                .collect();
+            if !dropped.is_empty() {
+                args.push(format!("--drop={}", dropped.join(",")));
+            }
+        }
+        let non_root = self.uid.is_some_and(|u| u != 0);
+        if self.gid.is_some() || self.uid.is_some() || !self.groups.is_empty() {
+            let list: Vec<String> = self.groups.iter().map(u32::to_string).collect();
+            args.push(format!("--groups={}", list.join(",")));
+        }
+        if let Some(gid) = self.gid.or(self.uid.map(|_| 0)) {
+            args.push(format!("--gid={gid}"));
+        }
+        if let Some(uid) = self.uid {
+            if non_root {
+                args.push("--keep=1".into());
+            }
+            args.push(format!("--uid={uid}"));
+        }
+        // A non-root user keeps its capabilities across exec only as ambient ones.
+        if let (true, Some(caps)) = (non_root, &self.capabilities) {
+            if !caps.is_empty() {
+                let list: Vec<String> = caps.iter().map(|c| format!("cap_{c}")).collect();
+                args.push(format!("--addamb={}", list.join(",")));
+            }
+        }
+        if self.no_new_privs {
+            args.push("--no-new-privs".into());
+        }
+        args
+    }
+
     /// `setpriv` arguments that give the process this identity.
     fn setpriv_args(&self) -> Vec<String> {
         let mut args = Vec::new();
@@ -167,6 +226,59 @@ impl Identity {
     }
 }
 
+/// Linux's capabilities by number (`capability.h`), lower-case without `cap_`.
+const CAPABILITIES: &[&str] = &[
+    "chown",
+    "dac_override",
+    "dac_read_search",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "linux_immutable",
+    "net_bind_service",
+    "net_broadcast",
+    "net_admin",
+    "net_raw",
+    "ipc_lock",
+    "ipc_owner",
+    "sys_module",
+    "sys_rawio",
+    "sys_chroot",
+    "sys_ptrace",
+    "sys_pacct",
+    "sys_admin",
+    "sys_boot",
+    "sys_nice",
+    "sys_resource",
+    "sys_time",
+    "sys_tty_config",
+    "mknod",
+    "lease",
+    "audit_write",
+    "audit_control",
+    "setfcap",
+    "mac_override",
+    "mac_admin",
+    "syslog",
+    "wake_alarm",
+    "block_suspend",
+    "audit_read",
+    "perfmon",
+    "bpf",
+    "checkpoint_restore",
+];
+
+/// The kernel's highest capability number.
+fn cap_last_cap() -> Result<usize> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .context("reading /proc/sys/kernel/cap_last_cap")?;
+    let last: usize = text.trim().parse().context("cap_last_cap")?;
+    Ok(last.min(CAPABILITIES.len() - 1))
+}
+
 /// Host paths a container's root shows read-only (the image's distribution).
 const DISTRO_DIRS: &[&str] = &[
     "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc",
@@ -186,6 +298,30 @@ pub fn command(
     }
     let mut script = String::from("set -e\n");
     let mut exec: Vec<String> = Vec::new();
+    if let Some(
+        fs @ Rootfs {
+            image: Some(image), ..
+        },
+    ) = rootfs
+    {
+        if fs.working_dir.as_deref().is_some_and(|d| d != "/") {
+            // capsh enters the root at `/` and has no chdir of its own.
+            bail!("workingDir is not supported in an image's root (the charts set none)");
+        }
+        script.push_str(&image_rootfs_script(fs, image)?);
+        let (program, args) = argv.split_first().context("an empty command")?;
+        exec.extend(["capsh".into(), format!("--chroot={}", fs.root.display())]);
+        exec.extend(identity.capsh_args(cap_last_cap()?));
+        exec.push(format!("--shell={program}"));
+        exec.push("--".into());
+        script.push_str("exec ");
+        for word in &exec {
+            script.push_str(&quote(word));
+            script.push(' ');
+        }
+        script.push_str("\"$@\"\n");
+        return Ok(in_mount_namespace(outer, &script, "container", args));
+    }
     if let Some(fs) = rootfs {
         script.push_str(&rootfs_script(fs)?);
         exec.extend(["chroot".into(), fs.root.display().to_string()]);
@@ -431,6 +567,57 @@ fn rootfs_script(fs: &Rootfs) -> Result<String> {
     Ok(s)
 }
 
+/// The root of a container of the built image: an overlay whose lower layer is the
+/// image's unpacked filesystem (shared by every container, never written) and whose
+/// upper layer is a tmpfs of this mount namespace; `/dev`, `/proc`, `/sys`, the pod's
+/// `resolv.conf` and `hosts` as a runtime provides them; the volumes; read-only last
+/// when `readOnlyRootFilesystem`.
+fn image_rootfs_script(fs: &Rootfs, image: &Path) -> Result<String> {
+    let root = fs.root.display().to_string();
+    let r = |p: &str| quote(&format!("{root}{p}"));
+    let layer = quote(&format!("{root}.layers"));
+    let mut s = format!(
+        "mkdir -p {layer}\nmount -t tmpfs -o mode=755 layer {layer}\nmkdir {layer}/upper {layer}/work\n\
+         mount -t overlay overlay -o lowerdir={},upperdir={layer}/upper,workdir={layer}/work {}\n",
+        quote(&image.display().to_string()),
+        quote(&root)
+    );
+    for (dir, how) in [
+        ("dev", "--rbind /dev"),
+        ("proc", "--rbind /proc"),
+        ("sys", "--rbind /sys"),
+    ] {
+        let at = r(&format!("/{dir}"));
+        s += &format!("mkdir -p {at}\nmount {how} {at}\n");
+    }
+    // What kubelet writes for every container: the pod's DNS settings (the netns's,
+    // which `ip netns exec` bound over the host's) and hosts file.
+    for file in ["/etc/resolv.conf", "/etc/hosts"] {
+        let at = r(file);
+        s += &format!("touch {at}\nmount --bind {file} {at}\nmount -o remount,bind,ro {at}\n");
+    }
+    for m in &fs.mounts {
+        if !m.target.starts_with('/') || m.target.contains("/../") || m.target.ends_with("/..") {
+            bail!("mountPath {:?} must be absolute and plain", m.target);
+        }
+        let at = r(&m.target);
+        let source = quote(&m.source.display().to_string());
+        if m.source.is_dir() {
+            s += &format!("mkdir -p {at}\n");
+        } else {
+            s += &format!("mkdir -p \"$(dirname {at})\"\ntouch {at}\n");
+        }
+        s += &format!("mount --rbind {source} {at}\n");
+        if m.read_only {
+            s += &format!("mount -o remount,bind,ro {at}\n");
+        }
+    }
+    if fs.read_only_root {
+        s += &format!("mount -o remount,ro {}\n", quote(&root));
+    }
+    Ok(s)
+}
+
 /// Whether a volume is mounted inside the distribution's `dir` (not `/usr/local`,
 /// which has a tmpfs of its own).
 fn mounts_inside(fs: &Rootfs, dir: &str) -> bool {
@@ -484,6 +671,92 @@ mod tests {
         assert!(Identity::of(
             &json!({}),
             &json!({"securityContext": {"capabilities": {"add": ["ALL"]}}})
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn capsh_gets_the_identity_setpriv_would_give() {
+        let pod = json!({"spec": {"securityContext": {"fsGroup": 1337}}});
+        let istiod = json!({"securityContext": {"runAsUser": 1337, "runAsGroup": 1337,
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}}});
+        let args = Identity::of(&pod, &istiod).unwrap().capsh_args(40);
+        let dropped = args[1].strip_prefix("--drop=").unwrap().split(',').count();
+        assert_eq!(
+            dropped, 40,
+            "every capability but net_admin leaves the bounding set"
+        );
+        assert!(!args[1].contains("cap_net_admin") && args[1].contains("cap_chown"));
+        assert_eq!(
+            [&args[..1], &args[2..]].concat(),
+            [
+                "--inh=cap_net_admin",
+                "--groups=1337",
+                "--gid=1337",
+                "--keep=1",
+                "--uid=1337",
+                "--addamb=cap_net_admin",
+                "--no-new-privs"
+            ]
+        );
+        // Root keeps its capabilities through the bounding and inheritable sets, not
+        // ambient ones; a kernel with fewer capabilities gets fewer names.
+        let agent = json!({"securityContext": {"runAsUser": 0, "runAsGroup": 0,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]}}});
+        let args = Identity::of(&json!({}), &agent).unwrap().capsh_args(37);
+        assert_eq!(args[0], "--inh=cap_net_admin,cap_sys_admin");
+        assert_eq!(args[1].split(',').count(), 36);
+        assert!(!args[1].contains("cap_perfmon"));
+        assert_eq!(args[2..], ["--groups=", "--gid=0", "--uid=0"]);
+        assert!(Identity::default().capsh_args(40).is_empty());
+    }
+
+    #[test]
+    fn an_image_root_is_an_overlay_on_the_image_started_by_capsh() {
+        let fs = Rootfs {
+            root: "/c/root".into(),
+            image: Some("/img".into()),
+            mounts: vec![Mount {
+                source: "/tmp".into(),
+                target: "/var/run/secrets/tokens".into(),
+                read_only: true,
+            }],
+            read_only_root: true,
+            ..Rootfs::default()
+        };
+        let cmd = command(
+            Command::new("true"),
+            Some(&fs),
+            &Identity::default(),
+            &["/usr/local/bin/ztunnel".into(), "--help".into()],
+        )
+        .unwrap();
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let script = &args[7];
+        assert!(
+            script.contains("mount -t overlay overlay -o lowerdir='/img',upperdir="),
+            "{script}"
+        );
+        assert!(script.contains("mount --rbind '/tmp' '/c/root/var/run/secrets/tokens'"));
+        assert!(script.ends_with(
+            "mount -o remount,ro '/c/root'\nexec 'capsh' '--chroot=/c/root' \
+             '--shell=/usr/local/bin/ztunnel' '--' \"$@\"\n"
+        ));
+        assert_eq!(args[8..], ["container", "--help"]);
+        // Nothing of the host's distribution in it.
+        assert!(!script.contains("lowerdir=/usr") && !script.contains("setpriv"));
+        let with_dir = Rootfs {
+            working_dir: Some("/work".into()),
+            ..fs
+        };
+        assert!(command(
+            Command::new("true"),
+            Some(&with_dir),
+            &Identity::default(),
+            &["x".into()]
         )
         .is_err());
     }

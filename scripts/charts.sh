@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# `make charts`: the Helm charts packaged for a release, pinned to the image `make
+# image` built: appVersion (and the chart version) = the workspace version, and the
+# default image.tag = "<version>@sha256:<digest>", so a cluster runs exactly the image
+# that was built and tested, from whichever registry image.hub names.
+#
+# Usage: scripts/charts.sh
+# Environment: IMAGE_OUT (default target/image), CHARTS_OUT (default target/charts),
+#   CHARTS_URL (the URL index.yaml gives for the archives; default the project's
+#   GitHub Pages site).
+# Output (CHARTS_OUT): <chart>-<version>.tgz for each chart (`helm push <tgz>
+#   oci://<registry>/<path>` as they are) and index.yaml (a classic Helm repository:
+#   serve the directory).
+#
+# The charts' sources stay as they are: their values.schema.json allows a plain tag
+# only, so the packaged copy's schema also accepts the tag@sha256 form it sets
+# (the template writes `<hub>/<name>:<tag>`, which is then `...:<version>@sha256:...`).
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+export LC_ALL=C
+image_out="${IMAGE_OUT:-$root/target/image}"
+out="${CHARTS_OUT:-$root/target/charts}"
+url="${CHARTS_URL:-https://ambient-rs.github.io/ambient-rs/charts}"
+HELM="${HELM:-helm}"
+charts=(istiod-lite cni ztunnel)
+
+[ -f "$image_out/image.env" ] || {
+  echo "charts: no image in $image_out: run make image first" >&2
+  exit 1
+}
+# shellcheck disable=SC1091
+. "$image_out/image.env"
+command -v "$HELM" >/dev/null || {
+  echo "charts: helm not found (scripts/install-chart-tools.sh)" >&2
+  exit 1
+}
+
+rm -rf "$out"
+stage="$out/.stage"
+mkdir -p "$stage"
+for chart in "${charts[@]}"; do
+  cp -a "manifests/charts/$chart" "$stage/$chart"
+  python3 - "$stage/$chart" "$IMAGE_VERSION" "$IMAGE_DIGEST" <<'PY'
+import json, re, sys
+chart, version, digest = sys.argv[1:]
+if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+    sys.exit(f"charts: {digest!r} is no sha256 digest")
+# Chart.yaml: the release's appVersion (helm package --app-version sets it too; this
+# checks the chart agreed with the workspace before).
+meta = open(f"{chart}/Chart.yaml").read()
+app = re.search(r'^appVersion:\s*"?([^"\n]+)"?\s*$', meta, re.M)
+if not app or app.group(1) != version:
+    sys.exit(f"charts: {chart}/Chart.yaml appVersion {app and app.group(1)!r} is not "
+             f"the workspace version {version!r}")
+# values.yaml: the image block's tag, pinned. A line edit keeps the comments.
+values = open(f"{chart}/values.yaml").read()
+pinned, n = re.subn(r'^(image:\n(?:  .*\n|\s*#.*\n)*?  tag: )""$',
+                    rf'\g<1>"{version}@{digest}"', values, count=1, flags=re.M)
+if n != 1:
+    sys.exit(f"charts: no image.tag: \"\" in {chart}/values.yaml")
+pinned = pinned.replace(
+    f'  # Empty: the chart\'s appVersion.\n  tag: "{version}@',
+    f'  # Pinned by make charts: the image this release was built and tested as.\n  tag: "{version}@', 1)
+open(f"{chart}/values.yaml", "w").write(pinned)
+# values.schema.json: the tag may carry the digest.
+schema = json.load(open(f"{chart}/values.schema.json"))
+tag = schema["properties"]["image"]["properties"]["tag"]
+plain = r"^([\w][\w.-]{0,127})?$"
+if tag.get("pattern") != plain:
+    sys.exit(f"charts: {chart}'s image.tag pattern changed ({tag.get('pattern')!r}): "
+             "update scripts/charts.sh")
+tag["pattern"] = r"^([\w][\w.-]{0,127}(@sha256:[0-9a-f]{64})?)?$"
+tag["description"] += " The packaged chart pins <version>@sha256:<digest>."
+with open(f"{chart}/values.schema.json", "w") as f:
+    json.dump(schema, f, indent=2)
+    f.write("\n")
+PY
+  "$HELM" lint --strict "$stage/$chart" >/dev/null
+  "$HELM" package "$stage/$chart" --version "$IMAGE_VERSION" --app-version "$IMAGE_VERSION" \
+    --destination "$out" >/dev/null
+  # The packaged chart renders the pinned image.
+  rendered="$("$HELM" template x "$out/$chart-$IMAGE_VERSION.tgz" | grep -m1 'image: ')"
+  want="$IMAGE_REPOSITORY:$IMAGE_VERSION@$IMAGE_DIGEST"
+  case "$rendered" in
+    *"\"$want\""*) ;;
+    *)
+      echo "charts: $chart renders $rendered, not $want" >&2
+      exit 1
+      ;;
+  esac
+done
+rm -rf "$stage"
+"$HELM" repo index "$out" --url "$url"
+for chart in "${charts[@]}"; do
+  echo "charts: $out/$chart-$IMAGE_VERSION.tgz (image $IMAGE_REPOSITORY:$IMAGE_VERSION@$IMAGE_DIGEST)"
+done
+echo "charts: $out/index.yaml"
