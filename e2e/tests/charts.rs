@@ -55,6 +55,74 @@ fn every_env_var_the_charts_set_is_read_by_its_binary() {
     }
 }
 
+/// With the built image (`MESH_IMAGE=image`, as CI runs it): the charts installed are
+/// the packaged archives pinned to its digest when `MESH_CHARTS=packaged`, and every
+/// mesh process runs in a root that is the image's (its binary is the image's, byte
+/// for byte, and its `/` holds the image's Debian packages, not the host's
+/// distribution). Otherwise the pods run the workspace's binaries, which the test says.
+fn check_image_source(c: &LocalCluster) {
+    use local_cluster::images::{mesh_image, MeshImage};
+    let image = match mesh_image().unwrap() {
+        MeshImage::Built(image) => image,
+        MeshImage::Binaries(why) => {
+            assert_ne!(
+                std::env::var("MESH_IMAGE").as_deref(),
+                Ok("image"),
+                "MESH_IMAGE=image"
+            );
+            eprintln!("the mesh's pods ran the workspace's binaries: {why}");
+            return;
+        }
+    };
+    if std::env::var("MESH_CHARTS").as_deref() == Ok("packaged") {
+        let pods = c
+            .api()
+            .list("/api/v1/namespaces/istio-system/pods")
+            .unwrap();
+        for p in &pods {
+            assert_eq!(
+                p["spec"]["containers"][0]["image"],
+                format!("{}:{}@{}", image.repository, image.version, image.digest),
+                "{} from the packaged chart, pinned",
+                p["metadata"]["name"]
+            );
+        }
+    }
+    let rootfs = image.rootfs().unwrap();
+    let marker = test_support::owner::cluster_marker("chall");
+    let mut seen = std::collections::BTreeSet::new();
+    for (pid, cmdline) in test_support::owner::marked_processes(&marker) {
+        let Some(binary) = ["ztunnel", "cni-agent", "istiod-lite"]
+            .into_iter()
+            .find(|b| cmdline.starts_with(&format!("/usr/local/bin/{b}")))
+        else {
+            continue;
+        };
+        let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+        let Ok(running) = std::fs::read(root.join("usr/local/bin").join(binary)) else {
+            continue; // exited meanwhile
+        };
+        assert!(
+            running == std::fs::read(rootfs.join("usr/local/bin").join(binary)).unwrap(),
+            "pid {pid} ({cmdline}) runs the image's {binary}"
+        );
+        let packages = std::fs::read_dir(root.join("var/lib/dpkg/status.d"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert!(packages > 0, "pid {pid}'s root is the image's");
+        assert!(
+            !root.join("usr/bin/dpkg").exists() && !root.join("bin/sh").exists(),
+            "pid {pid}'s root has no dpkg or shell: not the host's distribution"
+        );
+        seen.insert(binary);
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["cni-agent", "istiod-lite", "ztunnel"],
+        "every mesh binary ran from the image"
+    );
+}
+
 fn istioctl_lite_charts_render() -> bool {
     std::process::Command::new("helm")
         .arg("version")
@@ -112,6 +180,10 @@ fn istioctl_lite_install_runs_the_whole_mesh_from_the_charts() {
             p["metadata"]["name"]
         );
     }
+    // Where the pods' containers came from: the image `make image` built (CI, and
+    // whenever it is current) or the workspace's binaries.
+    check_image_source(&c);
+
     // The command the plugin's errors suggest works: the agent's pods log.
     let logs = c
         .kubectl(&["-n", "istio-system", "logs", "ds/istio-cni-node"])
