@@ -25,7 +25,7 @@ impl std::fmt::Display for DumpError {
 impl std::error::Error for DumpError {}
 
 /// The sections istioctl reads; the rest of the dump is kept only as raw text.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Dump {
     pub workloads: Vec<Workload>,

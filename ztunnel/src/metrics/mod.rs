@@ -174,6 +174,9 @@ impl Metrics {
 }
 
 #[cfg(test)]
+mod parity_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
