@@ -496,7 +496,11 @@ fn a_deleted_pod_is_drained_and_its_listeners_removed() -> Result<()> {
     })?;
     let dump = mesh::http_get(&cluster.nodes[1].ns, "http://127.0.0.1:15000/config_dump")?;
     let dump: serde_json::Value = serde_json::from_str(&dump)?;
-    assert_eq!(dump["workloadState"].as_object().map(|p| p.len()), Some(0), "{dump}");
+    assert_eq!(
+        dump["workloadState"].as_object().map(|p| p.len()),
+        Some(0),
+        "{dump}"
+    );
     // Still forgotten once the drained connections are gone.
     assert_eq!(
         dump["certificates"].as_array().map(|c| c.len()),
@@ -546,7 +550,11 @@ fn a_pod_of_another_node_is_refused() -> Result<()> {
     );
     let dump = mesh::http_get(&cluster.nodes[0].ns, "http://127.0.0.1:15000/config_dump")?;
     let dump: serde_json::Value = serde_json::from_str(&dump)?;
-    assert_eq!(dump["workloadState"].as_object().map(|p| p.len()), Some(2), "{dump}");
+    assert_eq!(
+        dump["workloadState"].as_object().map(|p| p.len()),
+        Some(2),
+        "{dump}"
+    );
     Ok(())
 }
 
@@ -566,7 +574,11 @@ fn a_restarted_ztunnel_gets_its_pods_back_from_the_snapshot() -> Result<()> {
     cluster.agents[0].wait_for_hellos(2, Duration::from_secs(10))?;
     let dump = mesh::http_get(&cluster.nodes[0].ns, "http://127.0.0.1:15000/config_dump")?;
     let dump: serde_json::Value = serde_json::from_str(&dump)?;
-    assert_eq!(dump["workloadState"].as_object().map(|p| p.len()), Some(2), "{dump}");
+    assert_eq!(
+        dump["workloadState"].as_object().map(|p| p.len()),
+        Some(2),
+        "{dump}"
+    );
     let answer = cluster.send(&format!("{}:9000", cluster.server.ip), 1 << 20)?;
     assert_eq!(answer["bytes"], 1 << 20);
     let node2 = ztunnel_metrics(&cluster.nodes[1].ns)?;
