@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Checks the Helm charts under manifests/charts (CI runs it; so can anyone):
 #   1. helm lint --strict, for every chart and every value combination below;
-#   2. the default renders (and the CRD render) equal the golden files in testdata/;
+#   2. the default renders (and ztunnel's local-discovery render) equal the golden
+#      files in testdata/;
 #   3. every combination renders, and every object in it validates strictly against
 #      the Kubernetes 1.33 OpenAPI schemas (kubernetes-validate), plus our invariants
-#      (namespaces, labels, hardened containers, no Secret on a node, structural CRD)
+#      (namespaces, labels, hardened containers, no Secret on a node, CRDs the API
+#      server accepts: structural, list-map keys, valid defaults, approval annotation)
 #      and the expectations listed with the combination;
-#   4. AuthorizationPolicy samples validate against the CRD, and broken ones do not;
+#   4. the base chart's CRD files are plain YAML (no template syntax), every document
+#      a CRD that the chart renders; samples of every kind (AuthorizationPolicy,
+#      PeerAuthentication, the Gateway API) validate against the CRDs it renders, and
+#      broken ones do not;
 #   5. the default ztunnel and istiod-lite renders fit together (CA and xDS address,
 #      xDS node identity, token audience, trusted node account, cluster id, trust
 #      domain, who reads the Kubernetes API);
@@ -81,12 +86,13 @@ fail() {
 }
 
 # helm template with the release name, namespace and Kubernetes version every render
-# here uses. $1 = chart (cni | ztunnel | istiod-lite), the rest = value arguments.
+# here uses. $1 = chart (base | cni | ztunnel | istiod-lite), the rest = value arguments.
 render() {
   local chart="$1"
   shift
   local release
   case "$chart" in
+    base) release=istio-base ;;
     cni) release=istio-cni ;;
     ztunnel) release=ztunnel ;;
     istiod-lite) release=istiod ;;
@@ -96,7 +102,7 @@ render() {
 }
 
 # ---------------------------------------------------------------- 1. lint
-for chart in cni ztunnel istiod-lite; do
+for chart in base cni ztunnel istiod-lite; do
   if out="$("$HELM" lint --strict "charts/$chart" --namespace "$NAMESPACE" \
     --kube-version "$KUBE_VERSION" 2>&1)"; then
     pass "lint $chart"
@@ -109,9 +115,10 @@ done
 # ---------------------------------------------------------------- 2. golden renders
 # name | chart | value arguments
 goldens=(
+  "base|base|"
   "cni|cni|"
   "ztunnel|ztunnel|"
-  "ztunnel-crds-local|ztunnel|--set crds.enabled=true --set discovery.source=local"
+  "ztunnel-local|ztunnel|--set discovery.source=local"
   "istiod-lite|istiod-lite|"
 )
 for entry in "${goldens[@]}"; do
@@ -145,7 +152,25 @@ cni_cm='ConfigMap/istio-cni-config:data'
 zt_ds='DaemonSet/ztunnel:spec.template.spec'
 zt_ctr="$zt_ds.containers[name=istio-proxy]"
 zt_mounts="$zt_ctr.volumeMounts"
-crd='CustomResourceDefinition/authorizationpolicies.security.istio.io'
+crd_ap='CustomResourceDefinition/authorizationpolicies.security.istio.io'
+crd_pa='CustomResourceDefinition/peerauthentications.security.istio.io'
+crd_gc='CustomResourceDefinition/gatewayclasses.gateway.networking.k8s.io'
+crd_gw='CustomResourceDefinition/gateways.gateway.networking.k8s.io'
+crd_hr='CustomResourceDefinition/httproutes.gateway.networking.k8s.io'
+crd_gr='CustomResourceDefinition/grpcroutes.gateway.networking.k8s.io'
+crd_rg='CustomResourceDefinition/referencegrants.gateway.networking.k8s.io'
+crd_tcp='CustomResourceDefinition/tcproutes.gateway.networking.k8s.io'
+# A Gateway API CRD of the v1.3.0 bundle, channel $2 (standard | experimental).
+gw_bundle() {
+  echo "$1:metadata.annotations.gateway\\.networking\\.k8s\\.io/bundle-version=v1.3.0; $1:metadata.annotations.gateway\\.networking\\.k8s\\.io/channel=$2; $1:metadata.annotations.api-approved\\.kubernetes\\.io=https://github.com/kubernetes-sigs/gateway-api/pull/3328; $1:metadata.annotations.helm\\.sh/resource-policy=keep; $1:spec.names.categories.0=gateway-api"
+}
+# Istio's security CRD $1: v1 served, v1beta1 served and stored, Istio's labels.
+istio_crd() {
+  echo "$1:spec.versions.0.name=v1; $1:spec.versions[name=v1].served=true; $1:spec.versions[name=v1].storage=false; $1:spec.versions[name=v1beta1].served=true; $1:spec.versions[name=v1beta1].storage=true; $1:spec.versions[name=v1].subresources.status; $1:metadata.labels.app=istio-pilot; $1:metadata.labels.istio=security; $1:metadata.labels.app\\.kubernetes\\.io/part-of=istio; $1:metadata.annotations.helm\\.sh/resource-policy=keep; $1:spec.names.categories.0=istio-io; $1:spec.names.categories.1=security-istio-io; $1:spec.scope=Namespaced"
+}
+gw_standard="$(gw_bundle "$crd_gc" standard); $(gw_bundle "$crd_gw" standard); $(gw_bundle "$crd_hr" standard); $(gw_bundle "$crd_gr" standard); $(gw_bundle "$crd_rg" standard)"
+no_gateway_api="!$crd_gc; !$crd_gw; !$crd_hr; !$crd_gr; !$crd_rg; !$crd_tcp"
+digest="sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 cp_pod='Deployment/istiod:spec.template.spec'
 cp_ctr="$cp_pod.containers[name=discovery]"
 cp_env="$cp_ctr.env"
@@ -162,8 +187,15 @@ zt_node_env="$zt_ctr.env[name=POD_NAME].valueFrom.fieldRef.fieldPath=metadata.na
 # ztunnel never talks to the Kubernetes API: no RBAC, no API token, in every mode.
 zt_no_api="!ClusterRole/ztunnel; !ClusterRoleBinding/ztunnel; !Role/ztunnel; !RoleBinding/ztunnel; ServiceAccount/ztunnel:automountServiceAccountToken=false"
 combos=(
+  # --- base
+  "base||$(istio_crd "$crd_ap"); $(istio_crd "$crd_pa"); $crd_ap:spec.names.shortNames.0=ap; $crd_pa:spec.names.shortNames.0=pa; $crd_ap:spec.versions[name=v1].additionalPrinterColumns[name=Action].jsonPath=.spec.action; $crd_pa:spec.versions[name=v1beta1].additionalPrinterColumns[name=Mode].jsonPath=.spec.mtls.mode; $crd_pa:spec.versions[name=v1].schema.openAPIV3Schema.properties.spec.properties.mtls.properties.mode.enum.3=STRICT; $crd_pa:spec.versions[name=v1].schema.openAPIV3Schema.properties.status.x-kubernetes-preserve-unknown-fields=true; $gw_standard; !$crd_tcp; $crd_gc:spec.scope=Cluster; $crd_gc:spec.names.shortNames.0=gc; $crd_gw:spec.names.shortNames.0=gtw; $crd_gc:spec.versions[name=v1].storage=true; $crd_gc:spec.versions[name=v1beta1].served=true; $crd_gc:spec.versions[name=v1beta1].storage=false; $crd_gc:spec.versions[name=v1].additionalPrinterColumns[name=Description].priority=1; $crd_gw:spec.versions[name=v1].storage=true; $crd_gw:spec.versions[name=v1beta1].served=true; $crd_gw:spec.versions[name=v1].additionalPrinterColumns[name=Programmed].jsonPath=.status.conditions[?(@.type==\"Programmed\")].status; $crd_hr:spec.versions[name=v1].storage=true; $crd_hr:spec.versions[name=v1beta1].storage=false; $crd_hr:spec.versions[name=v1].additionalPrinterColumns[name=Hostnames].jsonPath=.spec.hostnames; $crd_hr:spec.versions[name=v1].schema.openAPIV3Schema.properties.spec.properties.rules.items.properties.matches.items.properties.path.default.value=/; $crd_hr:spec.versions[name=v1].schema.openAPIV3Schema.properties.spec.properties.rules.items.properties.matches.items.properties.path.default.type=PathPrefix; $crd_hr:spec.versions[name=v1].schema.openAPIV3Schema.properties.spec.properties.parentRefs.items.properties.kind.default=Gateway; $crd_hr:spec.versions[name=v1].schema.openAPIV3Schema.properties.spec.properties.rules.items.properties.backendRefs.items.properties.weight.default=1; $crd_gw:spec.versions[name=v1].schema.openAPIV3Schema.properties.spec.properties.listeners.items.properties.allowedRoutes.properties.namespaces.properties.from.default=Same; $crd_gr:spec.versions.0.name=v1; !$crd_gr:spec.versions.1; $crd_rg:spec.versions.0.name=v1beta1; $crd_rg:spec.versions.0.storage=true; !$crd_rg:spec.versions.1; !$crd_rg:spec.versions.0.subresources.status"
+  "base|--set gatewayAPI.enabled=false|$(istio_crd "$crd_ap"); $(istio_crd "$crd_pa"); $no_gateway_api"
+  "base|--set gatewayAPI.experimental=true|$gw_standard; $(gw_bundle "$crd_tcp" experimental); $crd_tcp:spec.versions.0.name=v1alpha2; $crd_tcp:spec.versions.0.storage=true; !$crd_tcp:spec.versions.1; $crd_ap"
+  "base|--set gatewayAPI.enabled=false --set gatewayAPI.experimental=true|$no_gateway_api; $crd_ap; $crd_pa"
+  "base|--set excludedCRDs={grpcroutes.gateway.networking.k8s.io,peerauthentications.security.istio.io}|!$crd_gr; !$crd_pa; $crd_ap; $crd_hr; $crd_gw"
+  "base|--set gatewayAPI.experimental=true --set excludedCRDs={tcproutes.gateway.networking.k8s.io}|!$crd_tcp; $crd_hr"
   # --- cni
-  "cni||$cni_cm.NATIVE_NFTABLES=false; $cni_cm.ISTIO_OWNED_CNI_CONFIG=false; $cni_cm.CNI_UNINSTALL_ON_EXIT=false; $cni_ctr.env[name=CNI_AGENT_RUN_DIR].value=/var/run/istio-cni; $cni_ctr.env[name=CNI_NET_DIR].value=/host/etc/cni/net.d; $cni_ctr.env[name=CNI_BIN_DIR].value=/host/opt/cni/bin; $cni_cm.EXCLUDE_NAMESPACES=kube-system; $cni_cm.CNI_PLUGIN_PEER_UID=0; $cni_cm.ZTUNNEL_PEER_UID=0; $cni_ctr.env[name=CNI_NETNS_DIR].value=/var/run/netns; $cni_ds.volumes[name=cni-run-dir].hostPath.type=DirectoryOrCreate; $cni_ds.hostNetwork=true; $cni_ds.volumes[name=cni-bin-dir].hostPath.path=/opt/cni/bin; $cni_ds.volumes[name=cni-net-dir].hostPath.path=/etc/cni/net.d; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPropagation=HostToContainer; $cni_ctr.securityContext.capabilities.add.3=SYS_PTRACE; !$cni_ctr.securityContext.capabilities.add.4; $cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS].value=/var/run/ztunnel/ztunnel.sock; $cni_ctr.livenessProbe.httpGet.path=/healthz; $cni_ctr.readinessProbe.httpGet.port=8000; DaemonSet/istio-cni-node:spec.updateStrategy.rollingUpdate.maxUnavailable=1"
+  "cni||!$cni_cm.LOG_FORMAT; $cni_cm.NATIVE_NFTABLES=false; $cni_cm.ISTIO_OWNED_CNI_CONFIG=false; $cni_cm.CNI_UNINSTALL_ON_EXIT=false; $cni_ctr.env[name=CNI_AGENT_RUN_DIR].value=/var/run/istio-cni; $cni_ctr.env[name=CNI_NET_DIR].value=/host/etc/cni/net.d; $cni_ctr.env[name=CNI_BIN_DIR].value=/host/opt/cni/bin; $cni_cm.EXCLUDE_NAMESPACES=kube-system; $cni_cm.CNI_PLUGIN_PEER_UID=0; $cni_cm.ZTUNNEL_PEER_UID=0; $cni_ctr.env[name=CNI_NETNS_DIR].value=/var/run/netns; $cni_ds.volumes[name=cni-run-dir].hostPath.type=DirectoryOrCreate; $cni_ds.hostNetwork=true; $cni_ds.volumes[name=cni-bin-dir].hostPath.path=/opt/cni/bin; $cni_ds.volumes[name=cni-net-dir].hostPath.path=/etc/cni/net.d; $cni_ctr.volumeMounts[name=cni-netns-dir].mountPropagation=HostToContainer; $cni_ctr.securityContext.capabilities.add.3=SYS_PTRACE; !$cni_ctr.securityContext.capabilities.add.4; $cni_ctr.env[name=ZTUNNEL_UDS_ADDRESS].value=/var/run/ztunnel/ztunnel.sock; $cni_ctr.livenessProbe.httpGet.path=/healthz; $cni_ctr.readinessProbe.httpGet.port=8000; DaemonSet/istio-cni-node:spec.updateStrategy.rollingUpdate.maxUnavailable=1"
   "cni|--set chained=false|$cni_cm.ISTIO_OWNED_CNI_CONFIG=true; $cni_cm.ISTIO_OWNED_CNI_CONFIG_FILENAME=02-istio-cni.conflist"
   "cni|--set chained=false --set istioOwnedCNIConfigFileName=01-mesh.conflist|$cni_cm.ISTIO_OWNED_CNI_CONFIG_FILENAME=01-mesh.conflist"
   "cni|--set uninstallOnExit=true|$cni_cm.CNI_UNINSTALL_ON_EXIT=true"
@@ -188,13 +220,15 @@ combos=(
   "cni|--set ambient.ztunnelPeerUid=1337|$cni_cm.ZTUNNEL_PEER_UID=1337; $cni_cm.CNI_PLUGIN_PEER_UID=0; $cni_ctr.securityContext.capabilities.add.4=CHOWN"
   "cni|--set ambient.enabled=false --set ambient.ztunnelPeerUid=1337|!$cni_cm.ZTUNNEL_PEER_UID; !$cni_ctr.securityContext.capabilities.add"
   "cni|-f platforms/microk8s.yaml|$cni_ds.volumes[name=cni-net-dir].hostPath.path=/var/snap/microk8s/current/args/cni-network"
+  "cni|--set logAsJson=true|$cni_cm.LOG_FORMAT=json"
+  "cni|--set image.tag=$digest|$cni_ctr.image=ghcr.io/ambient-rs/ambient-rs@$digest"
   # --- ztunnel
-  "ztunnel||!$crd; $zt_ctr.env[name=DISCOVERY_SOURCE].value=xds; !$zt_ctr.env[name=LOCAL_XDS_PATH]; !$zt_ds.volumes[name=local-config]; !ConfigMap/ztunnel-local-config; $zt_no_api; $zt_ctr.env[name=PROXY_MODE].value=shared; $zt_ctr.env[name=XDS_ADDRESS].value=istiod.istio-system.svc:15012; !$zt_ctr.env[name=XDS_ROOT_CA]; !$zt_ctr.env[name=AUTH_TOKEN]; $zt_node_env; $zt_ctr.env[name=INPOD_UDS].value=/var/run/ztunnel/ztunnel.sock; $zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=25s; !$zt_ds.volumes[name=cacerts]; !$zt_mounts[name=cacerts]; !$zt_ctr.env[name=CA_CERTS_DIR]; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.expirationSeconds=43200; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.path=istio-token; $zt_mounts[name=istio-token].mountPath=/var/run/secrets/tokens; $zt_ds.volumes[name=istiod-ca-cert].configMap.name=istio-ca-root-cert; $zt_mounts[name=istiod-ca-cert].mountPath=/var/run/secrets/istio; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012; $zt_ctr.env[name=SECRET_TTL].value=24h; !$zt_ctr.env[name=WORKLOAD_CERT_TTL]; $zt_ctr.env[name=CLUSTER_ID].value=Kubernetes; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=Kubernetes; $zt_ds.serviceAccountName=ztunnel; $zt_ctr.readinessProbe.httpGet.path=/healthz/ready; $zt_ctr.ports[name=ztunnel-stats].containerPort=15020; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxSurge=1; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxUnavailable=0; $zt_ds.terminationGracePeriodSeconds=30; DaemonSet/ztunnel:spec.template.metadata.labels.app=ztunnel"
+  "ztunnel||!$crd_ap; !$crd_pa; !$zt_ctr.env[name=LOG_FORMAT]; $zt_ctr.env[name=DISCOVERY_SOURCE].value=xds; !$zt_ctr.env[name=LOCAL_XDS_PATH]; !$zt_ds.volumes[name=local-config]; !ConfigMap/ztunnel-local-config; $zt_no_api; $zt_ctr.env[name=PROXY_MODE].value=shared; $zt_ctr.env[name=XDS_ADDRESS].value=istiod.istio-system.svc:15012; !$zt_ctr.env[name=XDS_ROOT_CA]; !$zt_ctr.env[name=AUTH_TOKEN]; $zt_node_env; $zt_ctr.env[name=INPOD_UDS].value=/var/run/ztunnel/ztunnel.sock; $zt_ctr.env[name=TERMINATION_GRACE_PERIOD].value=25s; !$zt_ds.volumes[name=cacerts]; !$zt_mounts[name=cacerts]; !$zt_ctr.env[name=CA_CERTS_DIR]; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.expirationSeconds=43200; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.path=istio-token; $zt_mounts[name=istio-token].mountPath=/var/run/secrets/tokens; $zt_ds.volumes[name=istiod-ca-cert].configMap.name=istio-ca-root-cert; $zt_mounts[name=istiod-ca-cert].mountPath=/var/run/secrets/istio; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012; $zt_ctr.env[name=SECRET_TTL].value=24h; !$zt_ctr.env[name=WORKLOAD_CERT_TTL]; $zt_ctr.env[name=CLUSTER_ID].value=Kubernetes; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=Kubernetes; $zt_ds.serviceAccountName=ztunnel; $zt_ctr.readinessProbe.httpGet.path=/healthz/ready; $zt_ctr.ports[name=ztunnel-stats].containerPort=15020; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxSurge=1; DaemonSet/ztunnel:spec.updateStrategy.rollingUpdate.maxUnavailable=0; $zt_ds.terminationGracePeriodSeconds=30; DaemonSet/ztunnel:spec.template.metadata.labels.app=ztunnel"
   "ztunnel|--set discovery.source=xds|$zt_ctr.env[name=DISCOVERY_SOURCE].value=xds; $zt_ctr.env[name=XDS_ADDRESS].value=istiod.istio-system.svc:15012; !$zt_ctr.env[name=LOCAL_XDS_PATH]; $zt_node_env; $zt_no_api"
   "ztunnel|--set discovery.source=local|$zt_ctr.env[name=DISCOVERY_SOURCE].value=local; $zt_ctr.env[name=XDS_ADDRESS].value=; $zt_ctr.env[name=LOCAL_XDS_PATH].value=/etc/ztunnel/local/config.yaml; $zt_mounts[name=local-config].mountPath=/etc/ztunnel/local; $zt_ds.volumes[name=local-config].configMap.name=ztunnel-local-config; ConfigMap/ztunnel-local-config:data.config\\.yaml; $zt_no_api; $zt_ds.volumes[name=istio-token].projected.sources.0.serviceAccountToken.audience=istio-ca; $zt_ctr.env[name=CA_ADDRESS].value=istiod.istio-system.svc:15012; $zt_node_env"
-  "ztunnel|--set crds.enabled=true|$crd:metadata.annotations.helm\\.sh/resource-policy=keep; $crd:spec.versions[name=v1beta1].storage=true; $crd:spec.versions[name=v1].storage=false; $crd:spec.versions[name=v1].served=true"
-  "ztunnel|--set crds.enabled=true --set discovery.source=local|$crd; !ClusterRole/ztunnel"
-  "ztunnel|--set crds.enabled=false|!$crd"
+  "ztunnel|--set logAsJson=true|$zt_ctr.env[name=LOG_FORMAT].value=json"
+  "ztunnel|--set image.tag=0.1.0@$digest|$zt_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0@$digest"
+  "ztunnel|--set image.tag=$digest|$zt_ctr.image=ghcr.io/ambient-rs/ambient-rs@$digest"
   "ztunnel|--set trustDomain=example.org --set clusterId=east --set workloadCertTTL=12h|$zt_ctr.env[name=TRUST_DOMAIN].value=example.org; $zt_ctr.env[name=CLUSTER_ID].value=east; $zt_ctr.env[name=ISTIO_META_CLUSTER_ID].value=east; $zt_ctr.env[name=SECRET_TTL].value=12h"
   "ztunnel|--set istioNamespace=mesh-control|$zt_ctr.env[name=CA_ADDRESS].value=istiod.mesh-control.svc:15012; $zt_ctr.env[name=XDS_ADDRESS].value=istiod.mesh-control.svc:15012"
   "ztunnel|--set caAddress=https://ca.example.org:15012 --set istioNamespace=mesh-control|$zt_ctr.env[name=CA_ADDRESS].value=https://ca.example.org:15012; $zt_ctr.env[name=XDS_ADDRESS].value=https://ca.example.org:15012"
@@ -203,7 +237,7 @@ combos=(
   "ztunnel|--set discovery.source=local --set-file discovery.localConfig=testdata/local-config.yaml|ConfigMap/ztunnel-local-config:data.config\\.yaml~=- !Exact cluster.local/ns/shop/sa/client"
   "ztunnel|--set env.PACKET_MARK=1337 --set image.pullPolicy=Always|$zt_ctr.env[name=PACKET_MARK].value=1337; $zt_ctr.imagePullPolicy=Always"
   # --- istiod-lite
-  "istiod-lite||Deployment/istiod:spec.replicas=2; $cp_pdb.minAvailable=1; !$cp_pdb.maxUnavailable; $cp_pdb.selector.matchLabels.app=istiod; !HorizontalPodAutoscaler/istiod; $cp_spread; $cp_env[name=POD_NAME].valueFrom.fieldRef.fieldPath=metadata.name; $cp_env[name=LEADER_ELECTION_LEASE_DURATION].value=15s; $cp_lease.0.apiGroups.0=coordination.k8s.io; $cp_lease.0.resources.0=leases; $cp_lease.0.resourceNames.0=istio-namespace-controller-election; !$cp_lease.0.resourceNames.1; $cp_lease.0.verbs.0=get; $cp_lease.0.verbs.1=update; !$cp_lease.0.verbs.2; $cp_lease.1.apiGroups.0=coordination.k8s.io; $cp_lease.1.resources.0=leases; $cp_lease.1.verbs.0=create; !$cp_lease.1.verbs.1; !$cp_lease.1.resourceNames; !$cp_lease.2; RoleBinding/istiod:roleRef.kind=Role; RoleBinding/istiod:roleRef.name=istiod; RoleBinding/istiod:subjects[name=istiod].namespace=istio-system; Deployment/istiod:metadata.labels.app=istiod; Deployment/istiod:metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.labels.app=istiod; Deployment/istiod:spec.template.metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/scrape=true; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/port=15014; $cp_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0; $cp_ctr.command.0=istiod-lite; $cp_ctr.ports[name=tls-xds].containerPort=15012; $cp_ctr.ports[name=http-monitoring].containerPort=15014; $cp_ctr.ports[name=http-debug].containerPort=8080; $cp_ctr.readinessProbe.httpGet.path=/ready; $cp_ctr.readinessProbe.httpGet.port=8080; $cp_env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $cp_env[name=TRUST_DOMAIN].value=cluster.local; $cp_env[name=CLUSTER_ID].value=Kubernetes; $cp_env[name=DOMAIN_SUFFIX].value=cluster.local; $cp_env[name=TOKEN_AUDIENCES].value=istio-ca; $cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=istio-system/ztunnel; $cp_env[name=MAX_WORKLOAD_CERT_TTL].value=2160h; $cp_env[name=DEFAULT_WORKLOAD_CERT_TTL].value=24h; $cp_env[name=CA_CERTS_DIR].value=/etc/cacerts; !$cp_env[name=ISTIOD_CUSTOM_HOST]; $cp_env[name=RUST_LOG].value=info; $cp_pod.volumes[name=cacerts].secret.secretName=cacerts; $cp_pod.volumes[name=cacerts].secret.defaultMode=288; $cp_ctr.volumeMounts[name=cacerts].mountPath=/etc/cacerts; $cp_ctr.volumeMounts[name=cacerts].readOnly=true; $cp_ctr.securityContext.runAsNonRoot=true; $cp_ctr.securityContext.readOnlyRootFilesystem=true; $cp_ctr.securityContext.capabilities.drop.0=ALL; !$cp_ctr.securityContext.capabilities.add; $cp_pod.serviceAccountName=istiod; !$cp_pod.priorityClassName; Service/istiod:spec.ports[name=https-dns].port=15012; Service/istiod:spec.ports[name=http-monitoring].port=15014; Service/istiod:spec.selector.app=istiod; ServiceAccount/istiod:automountServiceAccountToken=true; ClusterRole/istiod:rules.0.apiGroups.0=authentication.k8s.io; ClusterRole/istiod:rules.0.resources.0=tokenreviews; ClusterRole/istiod:rules.0.verbs.0=create; !ClusterRole/istiod:rules.0.verbs.1; $cp_role.1.resources.0=pods; $cp_role.2.resources.0=namespaces; $cp_role.3.resources.0=configmaps; !$cp_role.3.verbs.6; $cp_role.4.apiGroups.0=; $cp_role.4.resources.0=services; !$cp_role.4.resources.1; $cp_role.4.verbs.0=list; $cp_role.4.verbs.1=watch; !$cp_role.4.verbs.2; $cp_role.5.apiGroups.0=security.istio.io; !$cp_role.5.apiGroups.1; $cp_role.5.resources.0=authorizationpolicies; $cp_role.5.resources.1=peerauthentications; !$cp_role.5.resources.2; $cp_role.5.verbs.0=list; $cp_role.5.verbs.1=watch; !$cp_role.5.verbs.2; !$cp_role.6; ClusterRoleBinding/istiod:subjects[name=istiod].namespace=istio-system; !ConfigMap/istio-ca-root-cert"
+  "istiod-lite||!$cp_env[name=LOG_FORMAT]; Deployment/istiod:spec.replicas=2; $cp_pdb.minAvailable=1; !$cp_pdb.maxUnavailable; $cp_pdb.selector.matchLabels.app=istiod; !HorizontalPodAutoscaler/istiod; $cp_spread; $cp_env[name=POD_NAME].valueFrom.fieldRef.fieldPath=metadata.name; $cp_env[name=LEADER_ELECTION_LEASE_DURATION].value=15s; $cp_lease.0.apiGroups.0=coordination.k8s.io; $cp_lease.0.resources.0=leases; $cp_lease.0.resourceNames.0=istio-namespace-controller-election; !$cp_lease.0.resourceNames.1; $cp_lease.0.verbs.0=get; $cp_lease.0.verbs.1=update; !$cp_lease.0.verbs.2; $cp_lease.1.apiGroups.0=coordination.k8s.io; $cp_lease.1.resources.0=leases; $cp_lease.1.verbs.0=create; !$cp_lease.1.verbs.1; !$cp_lease.1.resourceNames; !$cp_lease.2; RoleBinding/istiod:roleRef.kind=Role; RoleBinding/istiod:roleRef.name=istiod; RoleBinding/istiod:subjects[name=istiod].namespace=istio-system; Deployment/istiod:metadata.labels.app=istiod; Deployment/istiod:metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.labels.app=istiod; Deployment/istiod:spec.template.metadata.labels.istio=pilot; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/scrape=true; Deployment/istiod:spec.template.metadata.annotations.prometheus\\.io/port=15014; $cp_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0; $cp_ctr.command.0=istiod-lite; $cp_ctr.ports[name=tls-xds].containerPort=15012; $cp_ctr.ports[name=http-monitoring].containerPort=15014; $cp_ctr.ports[name=http-debug].containerPort=8080; $cp_ctr.readinessProbe.httpGet.path=/ready; $cp_ctr.readinessProbe.httpGet.port=8080; $cp_env[name=POD_NAMESPACE].valueFrom.fieldRef.fieldPath=metadata.namespace; $cp_env[name=TRUST_DOMAIN].value=cluster.local; $cp_env[name=CLUSTER_ID].value=Kubernetes; $cp_env[name=DOMAIN_SUFFIX].value=cluster.local; $cp_env[name=TOKEN_AUDIENCES].value=istio-ca; $cp_env[name=CA_TRUSTED_NODE_ACCOUNTS].value=istio-system/ztunnel; $cp_env[name=MAX_WORKLOAD_CERT_TTL].value=2160h; $cp_env[name=DEFAULT_WORKLOAD_CERT_TTL].value=24h; $cp_env[name=CA_CERTS_DIR].value=/etc/cacerts; !$cp_env[name=ISTIOD_CUSTOM_HOST]; $cp_env[name=RUST_LOG].value=info; $cp_pod.volumes[name=cacerts].secret.secretName=cacerts; $cp_pod.volumes[name=cacerts].secret.defaultMode=288; $cp_ctr.volumeMounts[name=cacerts].mountPath=/etc/cacerts; $cp_ctr.volumeMounts[name=cacerts].readOnly=true; $cp_ctr.securityContext.runAsNonRoot=true; $cp_ctr.securityContext.readOnlyRootFilesystem=true; $cp_ctr.securityContext.capabilities.drop.0=ALL; !$cp_ctr.securityContext.capabilities.add; $cp_pod.serviceAccountName=istiod; !$cp_pod.priorityClassName; Service/istiod:spec.ports[name=https-dns].port=15012; Service/istiod:spec.ports[name=http-monitoring].port=15014; Service/istiod:spec.selector.app=istiod; ServiceAccount/istiod:automountServiceAccountToken=true; ClusterRole/istiod:rules.0.apiGroups.0=authentication.k8s.io; ClusterRole/istiod:rules.0.resources.0=tokenreviews; ClusterRole/istiod:rules.0.verbs.0=create; !ClusterRole/istiod:rules.0.verbs.1; $cp_role.1.resources.0=pods; $cp_role.2.resources.0=namespaces; $cp_role.3.resources.0=configmaps; !$cp_role.3.verbs.6; $cp_role.4.apiGroups.0=; $cp_role.4.resources.0=services; !$cp_role.4.resources.1; $cp_role.4.verbs.0=list; $cp_role.4.verbs.1=watch; !$cp_role.4.verbs.2; $cp_role.5.apiGroups.0=security.istio.io; !$cp_role.5.apiGroups.1; $cp_role.5.resources.0=authorizationpolicies; $cp_role.5.resources.1=peerauthentications; !$cp_role.5.resources.2; $cp_role.5.verbs.0=list; $cp_role.5.verbs.1=watch; !$cp_role.5.verbs.2; $cp_role.6.apiGroups.0=gateway.networking.k8s.io; $cp_role.6.resources.0=gatewayclasses; !$cp_role.6.resources.1; $cp_role.6.verbs.0=list; $cp_role.6.verbs.1=watch; $cp_role.6.verbs.2=create; !$cp_role.6.verbs.3; $cp_role.7.apiGroups.0=gateway.networking.k8s.io; $cp_role.7.resources.0=gatewayclasses/status; $cp_role.7.verbs.0=patch; !$cp_role.7.verbs.1; !$cp_role.8; ClusterRoleBinding/istiod:subjects[name=istiod].namespace=istio-system; !ConfigMap/istio-ca-root-cert"
   "istiod-lite|--set replicaCount=1|Deployment/istiod:spec.replicas=1; !PodDisruptionBudget/istiod; $cp_spread"
   "istiod-lite|--set replicaCount=3 --set podDisruptionBudget.minAvailable=50%|Deployment/istiod:spec.replicas=3; $cp_pdb.minAvailable=50%"
   "istiod-lite|--set podDisruptionBudget.maxUnavailable=1|$cp_pdb.maxUnavailable=1; !$cp_pdb.minAvailable"
@@ -227,6 +261,8 @@ combos=(
   "istiod-lite|--set strategy.rollingUpdate.maxSurge=1 --set strategy.rollingUpdate.maxUnavailable=0|Deployment/istiod:spec.strategy.rollingUpdate.maxSurge=1; Deployment/istiod:spec.strategy.rollingUpdate.maxUnavailable=0"
   "istiod-lite|--set strategy.type=Recreate|Deployment/istiod:spec.strategy.type=Recreate; !Deployment/istiod:spec.strategy.rollingUpdate"
   "istiod-lite|--set seccompProfile=null|!$cp_ctr.securityContext.seccompProfile"
+  "istiod-lite|--set logAsJson=true|$cp_env[name=LOG_FORMAT].value=json"
+  "istiod-lite|--set image.tag=0.1.0@$digest|$cp_ctr.image=ghcr.io/ambient-rs/ambient-rs:0.1.0@$digest"
 )
 i=0
 for entry in "${combos[@]}"; do
@@ -261,21 +297,57 @@ for entry in "${combos[@]}"; do
   fi
 done
 
-# ---------------------------------------------------------------- 4. CRD samples
-render ztunnel --set crds.enabled=true >"$work/crd.yaml"
-if "$PYTHON" validate.py --crds-from "$work/crd.yaml" testdata/authorizationpolicies.yaml >"$work/ap.log"; then
-  pass "AuthorizationPolicy samples validate against the CRD"
+# ---------------------------------------------------------------- 4. CRDs and samples
+# The CRD files stay plain YAML (tests and tools read them without Helm), every
+# document a CRD the chart renders, once, when every channel is on.
+render base --set gatewayAPI.experimental=true >"$work/crds.yaml"
+if "$PYTHON" - "$work/crds.yaml" charts/base/files/crd-*.yaml >"$work/crd-files.log" <<'PY'; then
+import sys
+import yaml
+
+render, files = sys.argv[1], sys.argv[2:]
+rendered = [d["metadata"]["name"] for d in yaml.safe_load_all(open(render)) if d]
+problems, names = [], []
+for path in files:
+    text = open(path).read()
+    if "{{" in text or "}}" in text:
+        problems.append(f"{path}: template syntax; the files are plain YAML")
+    for doc in yaml.safe_load_all(text):
+        if not doc:
+            continue
+        if doc.get("kind") != "CustomResourceDefinition":
+            problems.append(f"{path}: a {doc.get('kind')}, not a CustomResourceDefinition")
+            continue
+        names.append(doc["metadata"]["name"])
+        if doc["metadata"].get("namespace"):
+            problems.append(f"{path}: {doc['metadata']['name']} has a namespace")
+if sorted(names) != sorted(rendered):
+    problems.append(f"the files hold {sorted(names)}, the render {sorted(rendered)}")
+for p in problems:
+    print(f"  {p}")
+sys.exit(1 if problems else 0)
+PY
+  pass "base chart's CRD files are plain YAML, every CRD rendered once"
 else
-  cat "$work/ap.log"
-  fail "AuthorizationPolicy samples validate against the CRD"
+  cat "$work/crd-files.log"
+  fail "base chart's CRD files are plain YAML, every CRD rendered once"
 fi
-if "$PYTHON" validate.py --expect-invalid --crds-from "$work/crd.yaml" \
-  testdata/authorizationpolicies-invalid.yaml >"$work/ap-bad.log"; then
-  pass "broken AuthorizationPolicy samples are rejected by the CRD"
-else
-  cat "$work/ap-bad.log"
-  fail "broken AuthorizationPolicy samples are rejected by the CRD"
-fi
+# Custom objects against the CRDs the base chart renders (every channel on).
+for kinds in authorizationpolicies peerauthentications gateway-api; do
+  if "$PYTHON" validate.py --crds-from "$work/crds.yaml" "testdata/$kinds.yaml" >"$work/$kinds.log"; then
+    pass "testdata/$kinds.yaml validates against the base chart's CRDs"
+  else
+    cat "$work/$kinds.log"
+    fail "testdata/$kinds.yaml validates against the base chart's CRDs"
+  fi
+  if "$PYTHON" validate.py --expect-invalid --crds-from "$work/crds.yaml" \
+    "testdata/$kinds-invalid.yaml" >"$work/$kinds-bad.log"; then
+    pass "testdata/$kinds-invalid.yaml is rejected by the base chart's CRDs, object by object"
+  else
+    cat "$work/$kinds-bad.log"
+    fail "testdata/$kinds-invalid.yaml is rejected by the base chart's CRDs, object by object"
+  fi
+done
 
 # ---------------------------------------------------------------- 5. the charts fit together
 # ztunnel must reach istiod-lite's Service (CA and xDS), carry a token istiod-lite
@@ -371,6 +443,14 @@ fi
 # ---------------------------------------------------------------- 6. bad values
 # chart | value arguments | text the error must contain
 bad=(
+  "base|--set gatewayAPI.enabled=yes|/gatewayAPI/enabled"
+  "base|--set gatewayAPI.experimental=1|/gatewayAPI/experimental"
+  "base|--set gatewayAPI.channel=experimental|'channel' not allowed"
+  "base|--set crds.enabled=true|'crds' not allowed"
+  "base|--set excludedCRDs=gateways.gateway.networking.k8s.io|/excludedCRDs"
+  "base|--set excludedCRDs={Gateways}|/excludedCRDs/0"
+  "base|--set excludedCRDs={gateways.gateway.networking.k8s.io,gateways.gateway.networking.k8s.io}|/excludedCRDs"
+  "base|--set excludedCRDs={widgets.example.com}|excludedCRDs names widgets.example.com, which this chart does not carry"
   "cni|--set chained=maybe|/chained"
   "cni|--set uninstallOnExit=1|/uninstallOnExit"
   "cni|--set cniBinDir=opt/cni/bin|/cniBinDir"
@@ -382,6 +462,8 @@ bad=(
   "cni|--set excludeNamespaces={Kube_System}|/excludeNamespaces/0"
   "cni|--set image.pullPolicy=Sometimes|/image/pullPolicy"
   "cni|--set image.tag=7|/image/tag"
+  "cni|--set image.tag=sha256:0123|/image/tag"
+  "cni|--set logAsJson=true\\,false|/logAsJson"
   "cni|--set extraCapabilities={ALL}|/extraCapabilities/0"
   "cni|--set pluginLogLevel=verbose|/pluginLogLevel"
   "cni|--set istioOwnedCNIConfigFileName=istio.conf|/istioOwnedCNIConfigFileName"
@@ -390,7 +472,10 @@ bad=(
   "cni|--set ambient.ztunnelPeerUid=root|/ambient/ztunnelPeerUid"
   "ztunnel|--set discovery.source=kubernetes|/discovery/source"
   "ztunnel|--set discovery.source=both|/discovery/source"
-  "ztunnel|--set crds.enabled=yes|/crds/enabled"
+  "ztunnel|--set crds.enabled=true|'crds' not allowed"
+  "ztunnel|--set logAsJson=yes|/logAsJson"
+  "ztunnel|--set image.tag=latest@sha256:0123|/image/tag"
+  "ztunnel|--set image.tag=@$digest|/image/tag"
   "ztunnel|--set workloadCertTTL=1d|/workloadCertTTL"
   "ztunnel|--set trustDomain=spiffe://cluster.local|/trustDomain"
   "ztunnel|--set workerThreads=0|/workerThreads"
@@ -439,6 +524,7 @@ bad=(
   "istiod-lite|--set priorityClassName=System_Critical|/priorityClassName"
   "istiod-lite|--set image.pullPolicy=Sometimes|/image/pullPolicy"
   "istiod-lite|--set logLevel=|/logLevel"
+  "istiod-lite|--set logAsJson=json|/logAsJson"
   "istiod-lite|--set trustedNodeAccounts=istio-system/ztunnel|'trustedNodeAccounts' not allowed"
   "istiod-lite|--set env.1BAD=x|'1BAD'"
 )

@@ -4,9 +4,10 @@
 Every object is checked strictly against the Kubernetes OpenAPI schemas of
 KUBERNETES_VERSION (PyPI package kubernetes-validate), plus this project's invariants:
 namespaces, labels, hardened containers (DaemonSets: no Secret volumes; Deployments:
-non-root, no capabilities), structural CRD schemas. Objects of our own CRD
-kinds (AuthorizationPolicy) have no upstream schema and are checked against the CRD in
-the render when one is there.
+non-root, no capabilities), CRDs kube-apiserver would accept (structural schemas,
+list-map keys, defaults that validate, approval annotations). Custom objects (Istio's
+security.istio.io, the Gateway API) have no upstream schema and are checked against
+the CRDs in the render or given with --crds-from, as the API server applies them.
 
 Expectations about one render come as arguments (see EXPECT below), e.g.
   'ConfigMap/istio-cni-config:data.CHAINED_CNI_PLUGIN=false'
@@ -32,8 +33,12 @@ KUBERNETES_VERSION = "1.33"
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                   "PriorityClass", "Namespace"}
 
-# Kinds without an upstream schema: (group, kind). Checked against our CRD if rendered.
-CRD_KINDS = {("security.istio.io", "AuthorizationPolicy")}
+# API groups served only through CRDs (no upstream schema): objects of these groups,
+# or of any kind a known CRD defines, are checked against that CRD.
+CRD_GROUPS = {"security.istio.io", "gateway.networking.k8s.io"}
+
+# Groups whose CRDs kube-apiserver accepts only with api-approved.kubernetes.io.
+PROTECTED_GROUP_SUFFIXES = ("k8s.io", "kubernetes.io")
 
 REQUIRED_LABELS = {"app.kubernetes.io/part-of": "istio"}
 
@@ -294,37 +299,92 @@ def check_deployment(obj):
 
 STRUCTURAL_FORBIDDEN = {"$ref", "definitions", "dependencies", "patternProperties",
                         "additionalItems", "id", "$schema"}
+# Inside allOf/anyOf/oneOf/not only value validations may appear.
+JUNCTORS = ("allOf", "anyOf", "oneOf")
+JUNCTOR_FORBIDDEN = {"type", "default", "description", "nullable", "additionalProperties",
+                     "x-kubernetes-preserve-unknown-fields", "x-kubernetes-embedded-resource",
+                     "x-kubernetes-int-or-string", "x-kubernetes-validations"}
+SCALARS = {"string", "integer", "number", "boolean"}
 
 
-def check_structural(schema, where, at_root=True):
+def check_structural(schema, where, at_root=True, in_junctor=False):
     """Kubernetes' structural-schema rules for a CRD version's openAPIV3Schema (the
     parts a static check can see): every node has a type unless it preserves unknown
     fields or is int-or-string, no forbidden keywords, properties and
-    additionalProperties never together, items is one schema."""
+    additionalProperties never together, items is one schema, junctors hold value
+    validations only, metadata names nothing but name and generateName, patterns
+    compile, list-map keys are required (or defaulted) scalars, set items are scalars,
+    every default validates against its own schema, every CEL rule is a string."""
     problems = []
     if not isinstance(schema, dict):
         return [f"{where}: not a schema object"]
     for key in STRUCTURAL_FORBIDDEN & schema.keys():
         problems.append(f"{where}: keyword {key} is not allowed in a structural schema")
-    untyped_ok = schema.get("x-kubernetes-preserve-unknown-fields") or schema.get("x-kubernetes-int-or-string")
-    if "type" not in schema and not untyped_ok:
-        problems.append(f"{where}: no type")
+    if in_junctor:
+        for key in sorted(JUNCTOR_FORBIDDEN & schema.keys()):
+            problems.append(f"{where}: {key} is not allowed inside allOf/anyOf/oneOf/not")
+    else:
+        untyped_ok = schema.get("x-kubernetes-preserve-unknown-fields") or schema.get("x-kubernetes-int-or-string")
+        if "type" not in schema and not untyped_ok:
+            problems.append(f"{where}: no type")
+        if schema.get("type") == "array" and "items" not in schema:
+            problems.append(f"{where}: array without items")
     if "properties" in schema and "additionalProperties" in schema:
         problems.append(f"{where}: properties and additionalProperties together")
-    if at_root and schema.get("type") != "object":
-        problems.append(f"{where}: root must be type object")
+    if at_root:
+        if schema.get("type") != "object":
+            problems.append(f"{where}: root must be type object")
+        meta = (schema.get("properties") or {}).get("metadata")
+        if isinstance(meta, dict) and (set(meta) - {"type", "properties", "description"} or
+                                       set(meta.get("properties") or {}) - {"name", "generateName"}):
+            problems.append(f"{where}.metadata: may only restrict name and generateName")
+    if "pattern" in schema:
+        try:
+            re.compile(schema["pattern"])
+        except re.error as e:
+            problems.append(f"{where}: pattern {schema['pattern']!r} does not compile: {e}")
+    list_type = schema.get("x-kubernetes-list-type")
+    items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+    if list_type == "map":
+        keys = schema.get("x-kubernetes-list-map-keys") or []
+        if not keys:
+            problems.append(f"{where}: list-type map without x-kubernetes-list-map-keys")
+        for k in keys:
+            prop = (items.get("properties") or {}).get(k)
+            if prop is None:
+                problems.append(f"{where}: list-map key {k} is not a property of the items")
+            elif prop.get("type") not in SCALARS:
+                problems.append(f"{where}: list-map key {k} is not a scalar")
+            elif k not in (items.get("required") or []) and "default" not in prop:
+                problems.append(f"{where}: list-map key {k} must be required or defaulted")
+    elif list_type == "set" and items.get("type") not in SCALARS:
+        problems.append(f"{where}: list-type set needs scalar items")
+    for i, rule in enumerate(schema.get("x-kubernetes-validations") or []):
+        if not isinstance(rule, dict) or not isinstance(rule.get("rule"), str):
+            problems.append(f"{where}: x-kubernetes-validations[{i}] has no rule")
+    if "default" in schema and not in_junctor:
+        bare = {k: v for k, v in schema.items() if k != "default"}
+        for err in jsonschema.Draft4Validator(closed(bare)).iter_errors(schema["default"]):
+            path = ".".join(str(p) for p in err.path)
+            problems.append(f"{where}: default {path + ': ' if path else ''}{err.message}")
     for name, sub in (schema.get("properties") or {}).items():
-        problems += check_structural(sub, f"{where}.{name}", False)
+        problems += check_structural(sub, f"{where}.{name}", False, in_junctor)
     if isinstance(schema.get("additionalProperties"), dict):
-        problems += check_structural(schema["additionalProperties"], f"{where}.*", False)
+        problems += check_structural(schema["additionalProperties"], f"{where}.*", False, in_junctor)
     if "items" in schema:
         if isinstance(schema["items"], list):
             problems.append(f"{where}: items must be a single schema")
         else:
-            problems += check_structural(schema["items"], f"{where}[]", False)
-    if schema.get("type") == "array" and "items" not in schema:
-        problems.append(f"{where}: array without items")
+            problems += check_structural(schema["items"], f"{where}[]", False, in_junctor)
+    for junctor in JUNCTORS:
+        for i, sub in enumerate(schema.get(junctor) or []):
+            problems += check_structural(sub, f"{where}.{junctor}[{i}]", False, True)
+    if "not" in schema:
+        problems += check_structural(schema["not"], f"{where}.not", False, True)
     return problems
+
+
+PRINTER_TYPES = {"integer", "number", "string", "boolean", "date"}
 
 
 def check_crd(obj):
@@ -337,16 +397,37 @@ def check_crd(obj):
     annotations = obj["metadata"].get("annotations") or {}
     if annotations.get("helm.sh/resource-policy") != "keep":
         problems.append(f"{ref(obj)}: missing helm.sh/resource-policy: keep")
+    group = spec["group"]
+    if any(group == d or group.endswith("." + d) for d in PROTECTED_GROUP_SUFFIXES) and \
+            not annotations.get("api-approved.kubernetes.io"):
+        problems.append(f"{ref(obj)}: group {group} needs annotation api-approved.kubernetes.io")
+    if group == "gateway.networking.k8s.io":
+        for key in ("gateway.networking.k8s.io/bundle-version", "gateway.networking.k8s.io/channel"):
+            if not annotations.get(key):
+                problems.append(f"{ref(obj)}: Gateway API CRD without annotation {key}")
     versions = spec["versions"]
     if sum(1 for v in versions if v.get("storage")) != 1:
         problems.append(f"{ref(obj)}: exactly one version must be the storage version")
+    if not any(v.get("served") for v in versions):
+        problems.append(f"{ref(obj)}: no version is served")
     seen = set()
     for v in versions:
         if v["name"] in seen:
             problems.append(f"{ref(obj)}: version {v['name']} twice")
         seen.add(v["name"])
-        problems += check_structural(v["schema"]["openAPIV3Schema"],
-                                     f"{ref(obj)} {v['name']}")
+        where = f"{ref(obj)} {v['name']}"
+        if "schema" not in v:
+            problems.append(f"{where}: no schema")
+            continue
+        problems += check_structural(v["schema"]["openAPIV3Schema"], where)
+        columns = v.get("additionalPrinterColumns") or []
+        if len({c.get("name") for c in columns}) != len(columns):
+            problems.append(f"{where}: printer column names repeat")
+        for c in columns:
+            if c.get("type") not in PRINTER_TYPES:
+                problems.append(f"{where}: printer column {c.get('name')} has type {c.get('type')!r}")
+            if not str(c.get("jsonPath", "")).startswith("."):
+                problems.append(f"{where}: printer column {c.get('name')} jsonPath must start with .")
     return problems
 
 
@@ -380,9 +461,18 @@ def closed(schema):
     return out
 
 
-def validate_custom(obj, validators, extra_crds):
+def custom_key(obj):
     api = obj.get("apiVersion", "")
-    key = (group_of(api), api.split("/")[-1], obj.get("kind"))
+    return (group_of(api), api.split("/")[-1], obj.get("kind"))
+
+
+def is_custom(obj, validators, extra_crds):
+    key = custom_key(obj)
+    return key[0] in CRD_GROUPS or key in validators or key in extra_crds
+
+
+def validate_custom(obj, validators, extra_crds):
+    key = custom_key(obj)
     validator = validators.get(key) or extra_crds.get(key)
     if validator is None:
         return []  # skipped: no CRD known for it here
@@ -462,12 +552,14 @@ def main():
         problems.append("the render holds no objects")
     seen = set()
     for obj in objects:
-        key = (obj.get("apiVersion"), ref(obj))
+        key = (obj.get("apiVersion"), ref(obj), (obj.get("metadata") or {}).get("namespace"))
         if key in seen:
             problems.append(f"{ref(obj)}: rendered twice")
         seen.add(key)
-        group = group_of(obj.get("apiVersion", ""))
-        if (group, obj.get("kind")) in CRD_KINDS:
+        if is_custom(obj, validators, extra):
+            key = custom_key(obj)
+            if key not in validators and key not in extra:
+                problems.append(f"{ref(obj)}: no CRD serves {key[0]}/{key[1]} {key[2]} here")
             problems += validate_custom(obj, validators, extra)
             continue
         problems += validate_upstream(obj)

@@ -8,13 +8,14 @@
 # Environment: IMAGE_OUT (default target/image), CHARTS_OUT (default target/charts),
 #   CHARTS_URL (the URL index.yaml gives for the archives; default the project's
 #   GitHub Pages site).
-# Output (CHARTS_OUT): <chart>-<version>.tgz for each chart (`helm push <tgz>
-#   oci://<registry>/<path>` as they are) and index.yaml (a classic Helm repository:
-#   serve the directory).
+# Output (CHARTS_OUT): <chart>-<version>.tgz for each chart, base (the CRDs) included
+#   (`helm push <tgz> oci://<registry>/<path>` as they are), and index.yaml (a classic
+#   Helm repository: serve the directory).
 #
-# The charts' sources stay as they are: their values.schema.json allows a plain tag
-# only, so the packaged copy's schema also accepts the tag@sha256 form it sets
-# (the template writes `<hub>/<name>:<tag>`, which is then `...:<version>@sha256:...`).
+# Only values.yaml's image.tag changes in the packaged copy: the charts'
+# values.schema.json already accepts the <tag>@sha256:<digest> form (the template
+# writes `<hub>/<name>:<tag>`, which is then `...:<version>@sha256:...`); this script
+# checks that it does. Chart base runs no image and is packaged as it is.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,7 +25,9 @@ image_out="${IMAGE_OUT:-$root/target/image}"
 out="${CHARTS_OUT:-$root/target/charts}"
 url="${CHARTS_URL:-https://ambient-rs.github.io/ambient-rs/charts}"
 HELM="${HELM:-helm}"
-charts=(istiod-lite cni ztunnel)
+# In install order: base (the CRDs) first. image_charts run the image.
+charts=(base istiod-lite cni ztunnel)
+image_charts=(istiod-lite cni ztunnel)
 
 [ -f "$image_out/image.env" ] || {
   echo "charts: no image in $image_out: run make image first" >&2
@@ -40,8 +43,24 @@ command -v "$HELM" >/dev/null || {
 rm -rf "$out"
 stage="$out/.stage"
 mkdir -p "$stage"
+runs_image() {
+  local c
+  for c in "${image_charts[@]}"; do [ "$c" = "$1" ] && return 0; done
+  return 1
+}
 for chart in "${charts[@]}"; do
   cp -a "manifests/charts/$chart" "$stage/$chart"
+  if ! runs_image "$chart"; then
+    # The chart must agree with the workspace version, as the others.
+    grep -qE "^appVersion: \"?$IMAGE_VERSION\"?\$" "$stage/$chart/Chart.yaml" || {
+      echo "charts: $chart/Chart.yaml appVersion is not the workspace version $IMAGE_VERSION" >&2
+      exit 1
+    }
+    "$HELM" lint --strict "$stage/$chart" >/dev/null
+    "$HELM" package "$stage/$chart" --version "$IMAGE_VERSION" --app-version "$IMAGE_VERSION" \
+      --destination "$out" >/dev/null
+    continue
+  fi
   python3 - "$stage/$chart" "$IMAGE_VERSION" "$IMAGE_DIGEST" <<'PY'
 import json, re, sys
 chart, version, digest = sys.argv[1:]
@@ -64,18 +83,13 @@ pinned = pinned.replace(
     f'  # Empty: the chart\'s appVersion.\n  tag: "{version}@',
     f'  # Pinned by make charts: the image this release was built and tested as.\n  tag: "{version}@', 1)
 open(f"{chart}/values.yaml", "w").write(pinned)
-# values.schema.json: the tag may carry the digest.
+# values.schema.json, unchanged: its image.tag pattern must accept the pinned tag
+# (helm lint --strict below checks the packaged values against it too).
 schema = json.load(open(f"{chart}/values.schema.json"))
-tag = schema["properties"]["image"]["properties"]["tag"]
-plain = r"^([\w][\w.-]{0,127})?$"
-if tag.get("pattern") != plain:
-    sys.exit(f"charts: {chart}'s image.tag pattern changed ({tag.get('pattern')!r}): "
-             "update scripts/charts.sh")
-tag["pattern"] = r"^([\w][\w.-]{0,127}(@sha256:[0-9a-f]{64})?)?$"
-tag["description"] += " The packaged chart pins <version>@sha256:<digest>."
-with open(f"{chart}/values.schema.json", "w") as f:
-    json.dump(schema, f, indent=2)
-    f.write("\n")
+pattern = schema["properties"]["image"]["properties"]["tag"].get("pattern", "")
+if not re.search(pattern, f"{version}@{digest}"):
+    sys.exit(f"charts: {chart}'s image.tag pattern {pattern!r} refuses "
+             f"{version}@{digest}: allow <tag>@sha256:<hex> in values.schema.json")
 PY
   "$HELM" lint --strict "$stage/$chart" >/dev/null
   "$HELM" package "$stage/$chart" --version "$IMAGE_VERSION" --app-version "$IMAGE_VERSION" \
@@ -94,6 +108,10 @@ done
 rm -rf "$stage"
 "$HELM" repo index "$out" --url "$url"
 for chart in "${charts[@]}"; do
-  echo "charts: $out/$chart-$IMAGE_VERSION.tgz (image $IMAGE_REPOSITORY:$IMAGE_VERSION@$IMAGE_DIGEST)"
+  if runs_image "$chart"; then
+    echo "charts: $out/$chart-$IMAGE_VERSION.tgz (image $IMAGE_REPOSITORY:$IMAGE_VERSION@$IMAGE_DIGEST)"
+  else
+    echo "charts: $out/$chart-$IMAGE_VERSION.tgz"
+  fi
 done
 echo "charts: $out/index.yaml"

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::Client;
@@ -338,6 +339,10 @@ async fn fill(client: &Client, plan: &Plan) -> Result<()> {
         .buffer_unordered(FILL)
         .try_collect::<Vec<()>>()
         .await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in test_support::crds::shipped()? {
+        crds.create(&post, &serde_json::from_value(crd)?).await?;
+    }
     let gvk = GroupVersionKind::gvk("security.istio.io", "v1", "AuthorizationPolicy");
     let policies: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), NS, &ApiResource::from_gvk(&gvk));

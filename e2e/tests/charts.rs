@@ -16,10 +16,7 @@ const T: Duration = Duration::from_secs(30);
 /// Value sets whose renders differ in the environment they give.
 const VARIANTS: &[&[&str]] = &[
     &[],
-    &[
-        "ztunnel.discovery.source=local",
-        "ztunnel.crds.enabled=true",
-    ],
+    &["ztunnel.discovery.source=local"],
     &["cni.nativeNftables=true", "cni.ambient.dnsCapture=false"],
 ];
 

@@ -289,16 +289,21 @@ fn pods_talk_over_hbone_and_servers_see_the_client_ip() -> Result<()> {
     let dump = mesh::http_get(&cluster.nodes[1].ns, "http://127.0.0.1:15000/config_dump")?;
     let file = cluster.dir.path().join("node2-dump.json");
     std::fs::write(&file, dump)?;
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file)?)?;
+    let served = &state["workloadState"]["uid-server"];
+    assert_eq!(served["state"], "Up", "{served}");
+    assert_eq!(served["info"]["name"], "server", "{served}");
+    assert_eq!(served["identity"], SERVER, "{served}");
     let out = std::process::Command::new(test_support::built_binary("istioctl-lite")?)
-        .args(["ztunnel-config", "connections", "-f"])
+        .args(["ztunnel-config", "workload", "-f"])
         .arg(&file)
         .output()?;
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
-        table
-            .lines()
-            .any(|l| l.split_whitespace().collect::<Vec<_>>()
-                == ["demo", "server", "Up", SERVER, "uid-server"]),
+        table.lines().any(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            cells.starts_with(&["demo", "server"]) && cells.ends_with(&["None", "HBONE"])
+        }),
         "{table}"
     );
 

@@ -12,6 +12,7 @@ use test_support::poll::eventually;
 use istiod_lite::model::{self, Options};
 use istiod_lite::xds::store::{Changes, ResourceStore};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service as KubeService};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use kube_apiserver_lite::{ApiServer, Control};
@@ -41,10 +42,21 @@ fn client_for(url: &str) -> Client {
     Client::try_from(kube::Config::new(url.parse().expect("url"))).expect("client")
 }
 
+/// The API server with the mesh's CRDs (kept across restarts by `state_file`).
 async fn serve(addr: &str, state_file: Option<PathBuf>) -> (Control, Client) {
     let server = ApiServer::bind(addr, state_file).await.expect("bind");
     let client = client_for(&server.url());
-    (server.spawn(), client)
+    let control = server.spawn();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in test_support::crds::shipped().expect("the shipped CRDs") {
+        let crd = serde_json::from_value(crd).expect("a CRD");
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("create CRD: {e}"),
+        }
+    }
+    (control, client)
 }
 
 async fn stop(control: &Control) {

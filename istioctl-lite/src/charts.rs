@@ -19,9 +19,14 @@ pub struct Chart {
     pub prefix: &'static str,
 }
 
-/// The charts, in install order: the control plane (the CA ztunnel needs) first, then
-/// the node agent, then ztunnel.
-pub const CHARTS: [Chart; 3] = [
+/// The charts, in install order: the CRDs, then the control plane (the CA ztunnel
+/// needs), then the node agent, then ztunnel.
+pub const CHARTS: [Chart; 4] = [
+    Chart {
+        dir: BASE,
+        release: "istio-base",
+        prefix: "base",
+    },
     Chart {
         dir: "istiod-lite",
         release: "istiod",
@@ -38,6 +43,9 @@ pub const CHARTS: [Chart; 3] = [
         prefix: "ztunnel",
     },
 ];
+
+/// The CRDs' chart directory (`Rendered::chart`).
+pub const BASE: &str = "base";
 
 /// The node agent's chart directory (`Rendered::chart`).
 pub const CNI: &str = "cni";
@@ -88,7 +96,7 @@ pub fn charts_dir(flag: Option<&Path>) -> Result<PathBuf> {
                 .iter()
                 .all(|c| dir.join(c.dir).join("Chart.yaml").is_file())
         })
-        .context("cannot find the charts (istiod-lite, cni, ztunnel); pass --charts-dir")
+        .context("cannot find the charts (base, istiod-lite, cni, ztunnel); pass --charts-dir")
 }
 
 /// The top-level value names a chart's values.schema.json allows, or `None` when it
@@ -273,7 +281,7 @@ mod tests {
     #[test]
     fn the_repository_charts_declare_their_values() {
         let dir = charts_dir(None).unwrap();
-        for chart in &CHARTS {
+        for chart in CHARTS.iter().filter(|c| c.dir != BASE) {
             let names = declared_values(&dir.join(chart.dir)).unwrap();
             assert!(names.iter().any(|n| n == "image"), "{}", chart.dir);
         }

@@ -119,17 +119,18 @@ pub struct ProxyStatusArgs {
 /// How the charts are found and rendered; shared by install and uninstall.
 #[derive(Args, Debug, Clone)]
 pub struct ChartArgs {
-    /// Directory holding the `istiod-lite`, `cni` and `ztunnel` charts (default:
+    /// Directory holding the `base`, `istiod-lite`, `cni` and `ztunnel` charts (default:
     /// `charts` beside the binary, else the repository's manifests/charts).
     #[arg(long)]
     pub charts_dir: Option<PathBuf>,
     /// Namespace of the releases.
     #[arg(short = 'n', long, default_value = "istio-system")]
     pub namespace: String,
-    /// Chart value, repeatable. `istiod.KEY=V` goes to the istiod-lite chart only,
-    /// `cni.KEY=V` to the cni chart only, `ztunnel.KEY=V` to the ztunnel chart only;
-    /// anything else to every chart whose values declare KEY's first segment (e.g.
-    /// `image.tag` to all three, `trustDomain` to istiod-lite and ztunnel).
+    /// Chart value, repeatable. `base.KEY=V` goes to the CRD chart only, `istiod.KEY=V`
+    /// to the istiod-lite chart only, `cni.KEY=V` to the cni chart only, `ztunnel.KEY=V`
+    /// to the ztunnel chart only; anything else to every chart whose values declare
+    /// KEY's first segment (e.g. `image.tag` to the three workload charts,
+    /// `trustDomain` to istiod-lite and ztunnel).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// Skip objects whose kind the API server does not serve (with a warning)
@@ -159,7 +160,8 @@ pub struct InstallArgs {
 pub struct UninstallArgs {
     #[command(flatten)]
     pub charts: ChartArgs,
-    /// Also delete CustomResourceDefinitions the charts render.
+    /// Also delete the CustomResourceDefinitions of the base chart, and with them every
+    /// object of their kinds; a CRD another Helm release installed is still kept.
     #[arg(long)]
     pub purge: bool,
     /// Print what would be deleted without deleting it.
@@ -366,6 +368,10 @@ pub struct PrecheckArgs {
     /// Skip the checks against the API server.
     #[arg(long)]
     pub skip_cluster: bool,
+    /// Directory holding the charts, whose `base` CRDs are compared with the
+    /// cluster's (default: as for install).
+    #[arg(long)]
+    pub charts_dir: Option<PathBuf>,
 }
 
 #[cfg(test)]

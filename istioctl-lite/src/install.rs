@@ -1,7 +1,8 @@
 //! `install` / `uninstall`: the charts rendered by helm, applied server-side. Install
-//! makes sure the CA Secret exists, applies the control plane (istiod-lite) and waits
-//! for Deployment istiod, then applies cni and ztunnel and waits for their DaemonSets,
-//! with one live progress line per workload.
+//! makes sure the CA Secret exists, adds or upgrades the CRDs the cluster lacks (never
+//! replacing a newer one; see `crds`), applies the control plane (istiod-lite) and
+//! waits for Deployment istiod, then applies cni and ztunnel and waits for their
+//! DaemonSets, with one live progress line per workload.
 
 use std::time::Instant;
 
@@ -14,8 +15,9 @@ use shared_types::constants::{DATAPLANE_MODE_LABEL, REDIRECTION_ANNOTATION, REDI
 
 use crate::apply::{unknown_kind, Outcome, Resolver, FIELD_MANAGER};
 use crate::ca;
-use crate::charts::{self, describe, Rendered, CNI, CONTROL_PLANE};
+use crate::charts::{self, describe, Rendered, BASE, CNI, CONTROL_PLANE};
 use crate::cli::{Global, InstallArgs, UninstallArgs};
+use crate::crds::{self, is_crd};
 use crate::kubeclient;
 use crate::rollout::{wait_ready, Workload};
 
@@ -38,9 +40,12 @@ pub async fn install(global: &Global, args: &InstallArgs) -> Result<()> {
     }
     let client = kubeclient::client(global).await?;
     let resolver = Resolver::new(client.clone()).await?;
+    let (crds, rendered): (Vec<&Rendered>, Vec<&Rendered>) =
+        rendered.iter().partition(|r| r.chart == BASE);
+    let crds: Vec<&DynamicObject> = crds.iter().flat_map(|r| &r.objects).collect();
     // Refuse before the first write, so a failure leaves the cluster untouched.
     for obj in rendered.iter().flat_map(|r| &r.objects) {
-        if !resolver.serves(obj) {
+        if !resolver.serves(obj) && !crds.iter().any(|crd| defines(crd, obj)) {
             unknown_kind(obj, args.charts.skip_unknown_kinds)?;
         }
     }
@@ -49,9 +54,12 @@ pub async fn install(global: &Global, args: &InstallArgs) -> Result<()> {
         s.ensure(&client).await?;
     }
     let deadline = Instant::now() + args.timeout;
+    crds::install(&client, &resolver, &crds, deadline).await?;
+    // Discovery again: the kinds of the CRDs just added are served now.
+    let resolver = Resolver::new(client.clone()).await?;
     // The control plane first: ztunnel asks istiod for certificates as it starts.
     let (control, data): (Vec<&Rendered>, Vec<&Rendered>) =
-        rendered.iter().partition(|r| r.chart == CONTROL_PLANE);
+        rendered.into_iter().partition(|r| r.chart == CONTROL_PLANE);
     let workloads = apply_all(&resolver, &control).await?;
     if args.wait {
         wait_ready(&client, &workloads, deadline, args.timeout)
@@ -85,7 +93,7 @@ async fn apply_all(resolver: &Resolver, charts: &[&Rendered]) -> Result<Vec<Work
 pub async fn uninstall(global: &Global, args: &UninstallArgs) -> Result<()> {
     let rendered = charts::render(&args.charts)?;
     let ca_secret = CaSecret::from_rendered(&rendered, &args.charts.namespace);
-    // Reverse install order: ztunnel, cni, then the control plane.
+    // Reverse install order: ztunnel, cni, the control plane, then (with --purge) CRDs.
     let objects: Vec<&DynamicObject> = rendered
         .iter()
         .rev()
@@ -105,6 +113,12 @@ pub async fn uninstall(global: &Global, args: &UninstallArgs) -> Result<()> {
         agents_uninstall_on_exit(&client, &resolver, args).await?;
     }
     for obj in objects {
+        if is_crd(obj) {
+            if let Some(reason) = crds::not_ours(&client, obj).await? {
+                println!("✔ {} kept: {reason}", describe(obj));
+                continue;
+            }
+        }
         match resolver.delete(obj).await? {
             Outcome::Done => println!("✔ {} deleted", describe(obj)),
             Outcome::Absent => println!("✔ {} already absent", describe(obj)),
@@ -302,8 +316,13 @@ fn kind(obj: &DynamicObject) -> &str {
         .unwrap_or_default()
 }
 
-fn is_crd(obj: &DynamicObject) -> bool {
-    kind(obj) == "CustomResourceDefinition"
+/// Whether `crd` defines the kind of `obj`.
+fn defines(crd: &DynamicObject, obj: &DynamicObject) -> bool {
+    let Some(types) = &obj.types else {
+        return false;
+    };
+    let group = types.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    crd.data["spec"]["group"] == group && crd.data["spec"]["names"]["kind"] == types.kind
 }
 
 #[cfg(test)]

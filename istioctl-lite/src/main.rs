@@ -5,6 +5,7 @@ mod ca;
 mod charts;
 mod cli;
 mod configdump;
+mod crds;
 mod dataplane;
 mod install;
 mod kubeclient;

@@ -12,8 +12,9 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 use shared_types::constants::{DATAPLANE_MODE_AMBIENT, DATAPLANE_MODE_LABEL};
 
-use crate::charts::find_on_path;
+use crate::charts::{charts_dir, find_on_path};
 use crate::cli::{Global, Output, PrecheckArgs};
+use crate::crds;
 use crate::kubeclient;
 use crate::output::print_structured;
 
@@ -55,16 +56,26 @@ fn error(message: impl Into<String>, fix: impl Into<String>) -> Check {
     }
 }
 
+/// What precheck found: the checks, and the CRD table.
+#[derive(Debug, Serialize)]
+struct Report {
+    checks: Vec<Check>,
+    crds: Vec<crds::Row>,
+}
+
 pub async fn run(global: &Global, args: &PrecheckArgs) -> Result<()> {
-    let mut checks = Vec::new();
+    let mut report = Report {
+        checks: Vec::new(),
+        crds: Vec::new(),
+    };
     if !args.skip_node {
-        checks.extend(node_checks(args));
+        report.checks.extend(node_checks(args));
     }
     if !args.skip_cluster {
-        checks.extend(cluster_checks(global).await);
+        cluster_checks(global, args, &mut report).await;
     }
     if global.output == Output::Table {
-        for c in &checks {
+        for c in &report.checks {
             let mark = match c.level {
                 Level::Ok => "✔",
                 Level::Warning => "⚠",
@@ -75,10 +86,17 @@ pub async fn run(global: &Global, args: &PrecheckArgs) -> Result<()> {
                 println!("    fix: {fix}");
             }
         }
+        if !report.crds.is_empty() {
+            println!("\n{}", crds::table(&report.crds).trim_end());
+        }
     } else {
-        print_structured(global.output, &checks)?;
+        print_structured(global.output, &report)?;
     }
-    let errors = checks.iter().filter(|c| c.level == Level::Error).count();
+    let errors = report
+        .checks
+        .iter()
+        .filter(|c| c.level == Level::Error)
+        .count();
     if errors > 0 {
         bail!("precheck found {errors} error(s)");
     }
@@ -267,17 +285,18 @@ pub fn cni_config_checks(dir: &Path) -> Vec<Check> {
     out
 }
 
-async fn cluster_checks(global: &Global) -> Vec<Check> {
+async fn cluster_checks(global: &Global, args: &PrecheckArgs, report: &mut Report) {
     let client = match kubeclient::client(global).await {
         Ok(c) => c,
         Err(e) => {
-            return vec![warn(
+            report.checks.push(warn(
                 format!("cluster checks skipped: {e:#}"),
                 "pass --kubeconfig (or --skip-cluster)",
-            )]
+            ));
+            return;
         }
     };
-    let mut out = Vec::new();
+    let out = &mut report.checks;
     match client.apiserver_version().await {
         Ok(v) => out.push(ok(format!(
             "API server reachable, Kubernetes {}.{} ({})",
@@ -288,7 +307,7 @@ async fn cluster_checks(global: &Global) -> Vec<Check> {
                 format!("API server unreachable: {e}"),
                 "check --kubeconfig/--context and the network",
             ));
-            return out;
+            return;
         }
     }
     let daemonsets: Api<DaemonSet> = Api::all(client.clone());
@@ -316,7 +335,7 @@ async fn cluster_checks(global: &Global) -> Vec<Check> {
             "grant list on apps/daemonsets",
         )),
     }
-    let namespaces: Api<Namespace> = Api::all(client);
+    let namespaces: Api<Namespace> = Api::all(client.clone());
     match namespaces.list(&ListParams::default()).await {
         Ok(list) => {
             let both: Vec<String> = list
@@ -341,6 +360,63 @@ async fn cluster_checks(global: &Global) -> Vec<Check> {
             format!("cannot list namespaces: {e}"),
             "grant list on namespaces",
         )),
+    }
+    let ours = charts_dir(args.charts_dir.as_deref()).and_then(|dir| crds::shipped(&dir));
+    match ours {
+        Ok(ours) => match crds::rows(&client, &ours).await {
+            Ok(rows) => {
+                report.checks.extend(crd_checks(&rows));
+                report.crds = rows;
+            }
+            Err(e) => report.checks.push(warn(
+                format!("cannot read CustomResourceDefinitions: {e:#}"),
+                "grant get on apiextensions.k8s.io/customresourcedefinitions",
+            )),
+        },
+        Err(e) => report.checks.push(warn(
+            format!("CRD checks skipped: {e:#}"),
+            "pass --charts-dir",
+        )),
+    }
+}
+
+/// The CRD table summed up: what install will add, and which CRD of another Helm
+/// release (Istio's base chart) it would upgrade.
+fn crd_checks(rows: &[crds::Row]) -> Vec<Check> {
+    let named = |verdict: crds::Verdict| -> Vec<&str> {
+        rows.iter()
+            .filter(|r| r.verdict == verdict)
+            .map(|r| r.name.as_str())
+            .collect()
+    };
+    let mut out = Vec::new();
+    let missing = named(crds::Verdict::Missing);
+    if !missing.is_empty() {
+        out.push(warn(
+            format!("CRDs not installed: {}", missing.join(", ")),
+            "install adds them (the base chart)",
+        ));
+    }
+    for row in rows.iter().filter(|r| r.verdict == crds::Verdict::Older) {
+        out.push(match &row.owner {
+            Some(owner) => warn(
+                format!("CRD {} of {owner} is older than ours: install upgrades it", row.name),
+                format!(
+                    "upgrade that release instead, or keep it with --set 'base.excludedCRDs={{{}}}'",
+                    row.name
+                ),
+            ),
+            None => ok(format!("CRD {} is older than ours: install upgrades it", row.name)),
+        });
+    }
+    let kept = rows
+        .iter()
+        .filter(|r| matches!(r.verdict, crds::Verdict::Same | crds::Verdict::Newer))
+        .count();
+    if kept > 0 {
+        out.push(ok(format!(
+            "{kept} CRD(s) installed at our version or newer: kept"
+        )));
     }
     out
 }

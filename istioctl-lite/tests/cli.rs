@@ -7,6 +7,7 @@ use std::process::Output;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 
@@ -747,6 +748,141 @@ async fn precheck_reports_cluster_facts() {
     let text = stdout(&out);
     assert!(
         text.contains("✔ API server reachable") && text.contains("no existing DaemonSet ztunnel"),
+        "{text}"
+    );
+}
+
+/// One of the base chart's CRDs as shipped, by name.
+fn shipped_crd(name: &str) -> serde_json::Value {
+    test_support::crds::shipped()
+        .unwrap()
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{name} is shipped"))
+}
+
+#[tokio::test]
+async fn install_adds_missing_crds_keeps_newer_ones_and_purge_removes_only_its_own() {
+    if helm_missing() {
+        return;
+    }
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    let crds: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    const AP: &str = "authorizationpolicies.security.istio.io";
+    const PA: &str = "peerauthentications.security.istio.io";
+    const GATEWAYS: &str = "gateways.gateway.networking.k8s.io";
+
+    let out = run(k, &["precheck", "--skip-node"]).await;
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "missing CRDs are not an error: {text}"
+    );
+    let row = |text: &str, name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} row: {text}"))
+            .to_string()
+    };
+    assert!(text.contains("CRD ") && text.contains("RESULT"), "{text}");
+    assert!(
+        row(&text, AP).ends_with("missing: install adds it"),
+        "{text}"
+    );
+    assert!(text.contains("⚠ CRDs not installed:"), "{text}");
+
+    // A platform's newer Gateway API, and Istio's base chart's PeerAuthentication.
+    let mut gateways = shipped_crd(GATEWAYS);
+    gateways["metadata"]["annotations"]["gateway.networking.k8s.io/bundle-version"] =
+        "v1.4.0".into();
+    let mut pa = shipped_crd(PA);
+    pa["metadata"]["annotations"] = serde_json::json!({"meta.helm.sh/release-name": "istio-base"});
+    pa["spec"]["versions"][0]["served"] = false.into();
+    for crd in [gateways, pa] {
+        crds.create(
+            &PostParams::default(),
+            &serde_json::from_value(crd).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let out = run(k, &["precheck", "--skip-node", "-o", "json"]).await;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verdict = |name: &str| {
+        report["crds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(verdict(GATEWAYS)["verdict"], "newer");
+    assert_eq!(verdict(GATEWAYS)["installed"]["bundle"], "v1.4.0");
+    assert_eq!(verdict(PA)["verdict"], "older");
+    assert_eq!(verdict(PA)["owner"], "helm release istio-base");
+    assert_eq!(verdict(AP)["verdict"], "missing");
+
+    let out = run(k, &with(INSTALL, &["--wait=false"])).await;
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains(&format!("CustomResourceDefinition/{AP} applied (base)")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("CustomResourceDefinition/{PA} applied (base)")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("CustomResourceDefinition/{GATEWAYS} kept")),
+        "{text}"
+    );
+    let kept = crds.get(GATEWAYS).await.unwrap();
+    assert_eq!(
+        kept.metadata.annotations.unwrap()["gateway.networking.k8s.io/bundle-version"],
+        "v1.4.0",
+        "never downgraded"
+    );
+    // The CRDs come before the control plane, and their kinds are served at once.
+    assert!(text.find(AP).unwrap() < text.find("Deployment/istiod").unwrap());
+    let policy: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "deny", "namespace": "istio-system"},
+        "spec": {"action": "DENY", "rules": [{}]},
+    }))
+    .unwrap();
+    let ap = kube::discovery::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "security.istio.io",
+        "v1",
+        "AuthorizationPolicy",
+    ));
+    Api::<DynamicObject>::namespaced_with(c.client.clone(), "istio-system", &ap)
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+
+    let out = run(k, &["uninstall", "--keep-cni-config"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        crds.get_opt(AP).await.unwrap().is_some(),
+        "kept without --purge"
+    );
+
+    let out = run(k, &["uninstall", "--keep-cni-config", "--purge"]).await;
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(crds.get_opt(AP).await.unwrap().is_none(), "{text}");
+    assert!(
+        crds.get_opt(GATEWAYS).await.unwrap().is_some(),
+        "newer: not ours: {text}"
+    );
+    assert!(crds.get_opt(PA).await.unwrap().is_some(), "Istio's: {text}");
+    assert!(
+        text.contains(&format!(
+            "CustomResourceDefinition/{PA} kept: Helm release istio-base installed it"
+        )),
         "{text}"
     );
 }

@@ -14,7 +14,7 @@ use crate::ca::authz::{node_accounts, NodeAuthorizer};
 use crate::ca::CaService;
 use crate::config::Config;
 use crate::kube::pods::{watch_pods, PodIndex};
-use crate::kube::{leader, root_publisher};
+use crate::kube::{gateway_class, leader, root_publisher};
 use crate::metrics::Metrics;
 use crate::model;
 use crate::ops;
@@ -96,12 +96,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         shutdown.clone(),
     );
-    tokio::spawn(root_publisher::run_while_leading(
-        client.clone(),
-        ca.roots_pem(),
-        leading,
-        shutdown.clone(),
-    ));
+    tokio::spawn(leader::while_leading(leading.clone(), shutdown.clone(), {
+        let (client, root_pem) = (client.clone(), ca.roots_pem());
+        move |stop| root_publisher::run(client.clone(), root_pem.clone(), stop)
+    }));
+    tokio::spawn(leader::while_leading(leading, shutdown.clone(), {
+        let client = client.clone();
+        move |stop| gateway_class::run(client.clone(), stop)
+    }));
 
     ops::serve_metrics(config.monitoring_addr, metrics.clone(), shutdown.clone())
         .with_context(|| format!("binding the monitoring port {}", config.monitoring_addr))?;

@@ -5,13 +5,16 @@
 
 use serde_json::{json, Value};
 
-use super::resources::{self, RESOURCES};
+use super::catalog::Catalog;
+
+/// The Kubernetes version this server answers as.
+pub const GIT_VERSION: &str = "v1.33.0-lite";
 
 pub fn version() -> Value {
     json!({
         "major": "1",
         "minor": "33",
-        "gitVersion": "v1.33.0-lite",
+        "gitVersion": GIT_VERSION,
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2025-01-01T00:00:00Z",
@@ -30,28 +33,29 @@ pub fn core_versions(server_address: &str) -> Value {
     })
 }
 
-fn group_doc(group: &str, versions: &[&str]) -> Value {
+fn group_doc(group: &str, versions: &[String]) -> Value {
     let gv = |v: &str| json!({"groupVersion": format!("{group}/{v}"), "version": v});
     json!({
         "name": group,
         "versions": versions.iter().map(|v| gv(v)).collect::<Vec<_>>(),
-        "preferredVersion": gv(versions.first().copied().unwrap_or("v1")),
+        "preferredVersion": gv(versions.first().map(String::as_str).unwrap_or("v1")),
     })
 }
 
-/// `/apis`: every non-core group.
-pub fn group_list() -> Value {
-    let groups: Vec<Value> = resources::groups()
-        .into_iter()
+/// `/apis`: every non-core group (a CRD's only while it is established).
+pub fn group_list(catalog: &Catalog) -> Value {
+    let groups: Vec<Value> = catalog
+        .groups()
+        .iter()
         .map(|(g, versions)| group_doc(g, versions))
         .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/<group>`, `None` for an unknown group.
-pub fn group(name: &str) -> Option<Value> {
-    let (g, versions) = resources::groups().into_iter().find(|(g, _)| *g == name)?;
-    let mut doc = group_doc(g, versions);
+pub fn group(catalog: &Catalog, name: &str) -> Option<Value> {
+    let (g, versions) = catalog.groups().into_iter().find(|(g, _)| *g == name)?;
+    let mut doc = group_doc(&g, &versions);
     doc["kind"] = json!("APIGroup");
     doc["apiVersion"] = json!("v1");
     Some(doc)
@@ -69,12 +73,9 @@ const VERBS: &[&str] = &[
 ];
 
 /// `/api/v1` or `/apis/<group>/<version>`, `None` when nothing is served there.
-pub fn resource_list(group: &str, version: &str) -> Option<Value> {
+pub fn resource_list(catalog: &Catalog, group: &str, version: &str) -> Option<Value> {
     let mut list = Vec::new();
-    for r in RESOURCES
-        .iter()
-        .filter(|r| r.group == group && r.serves(version))
-    {
+    for (r, custom) in catalog.resources_in(group, version) {
         let mut doc = json!({
             "name": r.plural,
             "singularName": r.singular,
@@ -88,6 +89,14 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
         // `kubectl get all` expands the "all" category.
         if matches!(r.plural, "pods" | "services" | "daemonsets" | "deployments") {
             doc["categories"] = json!(["all"]);
+        }
+        if let Some(custom) = &custom {
+            if !custom.categories.is_empty() {
+                doc["categories"] = json!(custom.categories);
+            }
+            if custom.terminating {
+                doc["verbs"] = json!(["delete", "deletecollection", "get", "list", "watch"]);
+            }
         }
         list.push(doc);
         if r.plural == "serviceaccounts" {
@@ -134,7 +143,8 @@ mod tests {
 
     #[test]
     fn documents() {
-        let core = resource_list("", "v1").unwrap();
+        let catalog = Catalog::default();
+        let core = resource_list(&catalog, "", "v1").unwrap();
         let pods = core["resources"]
             .as_array()
             .unwrap()
@@ -147,17 +157,16 @@ mod tests {
             .unwrap()
             .iter()
             .any(|r| r["name"] == "pods/status"));
-        assert!(resource_list("apps", "v2").is_none());
-        let auth = resource_list("authentication.k8s.io", "v1").unwrap();
+        assert!(resource_list(&catalog, "apps", "v2").is_none());
+        let auth = resource_list(&catalog, "authentication.k8s.io", "v1").unwrap();
         assert_eq!(auth["resources"][0]["verbs"], json!(["create"]));
-        let groups = group_list();
-        let istio = groups["groups"]
+        // No CRD, no custom group.
+        let groups = group_list(&catalog);
+        assert!(!groups["groups"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|g| g["name"] == "security.istio.io")
-            .unwrap();
-        assert_eq!(istio["preferredVersion"]["version"], "v1");
-        assert!(group("nope").is_none());
+            .any(|g| g["name"] == "security.istio.io"));
+        assert!(group(&catalog, "nope").is_none());
     }
 }

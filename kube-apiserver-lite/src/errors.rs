@@ -10,8 +10,39 @@ pub struct ApiError {
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
-    /// `details.name` / `details.kind` when the error is about one object.
-    pub details: Option<(String, String)>,
+    /// `details` when the error is about one object.
+    pub details: Option<Box<Details>>,
+}
+
+/// A Status's `details`: which object, and for `Invalid`, each field's problem.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Details {
+    pub name: String,
+    pub group: String,
+    /// The resource (plural) for most errors, the kind for `Invalid`.
+    pub kind: String,
+    pub causes: Vec<Cause>,
+}
+
+/// One entry of `details.causes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cause {
+    /// `FieldValueNotSupported`, `FieldValueRequired`, ...
+    pub reason: &'static str,
+    /// The problem, without the field.
+    pub message: String,
+    /// The field's path, e.g. `spec.rules[0].from`.
+    pub field: String,
+}
+
+/// The resource name an error quotes: the plural, qualified with the group for every
+/// group but core (`authorizationpolicies.security.istio.io`).
+fn qualified(group: &str, plural: &str) -> String {
+    if group.is_empty() {
+        plural.to_string()
+    } else {
+        format!("{plural}.{group}")
+    }
 }
 
 impl ApiError {
@@ -24,35 +55,75 @@ impl ApiError {
         }
     }
 
-    fn about(mut self, plural: &str, name: &str) -> Self {
-        self.details = Some((name.to_string(), plural.to_string()));
+    fn about(mut self, group: &str, kind: &str, name: &str) -> Self {
+        self.details = Some(Box::new(Details {
+            name: name.to_string(),
+            group: group.to_string(),
+            kind: kind.to_string(),
+            causes: Vec::new(),
+        }));
         self
     }
 
-    pub fn not_found(plural: &str, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{plural} \"{name}\" not found")).about(plural, name)
+    /// 404 for an object of `group`/`plural` (`group` is "" for core).
+    pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
+        let what = qualified(group, plural);
+        Self::new(404, "NotFound", format!("{what} \"{name}\" not found"))
+            .about(group, plural, name)
     }
 
-    pub fn already_exists(plural: &str, name: &str) -> Self {
+    pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
+        let what = qualified(group, plural);
         Self::new(
             409,
             "AlreadyExists",
-            format!("{plural} \"{name}\" already exists"),
+            format!("{what} \"{name}\" already exists"),
         )
-        .about(plural, name)
+        .about(group, plural, name)
     }
 
     /// Optimistic concurrency failure: the caller's resourceVersion is stale.
-    pub fn conflict(plural: &str, name: &str) -> Self {
+    pub fn conflict(group: &str, plural: &str, name: &str) -> Self {
+        let what = qualified(group, plural);
         Self::new(
             409,
             "Conflict",
             format!(
-                "Operation cannot be fulfilled on {plural} \"{name}\": the object has been \
+                "Operation cannot be fulfilled on {what} \"{name}\": the object has been \
                  modified; please apply your changes to the latest version and try again"
             ),
         )
-        .about(plural, name)
+        .about(group, plural, name)
+    }
+
+    /// 422 listing each field's problem, as kube-apiserver's `NewInvalid`: the message
+    /// is `<Kind>.<group> "<name>" is invalid: <field>: <problem>` (several in brackets).
+    pub fn invalid_fields(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
+        let mut lines: Vec<String> = Vec::new();
+        for c in &causes {
+            let line = if c.field.is_empty() {
+                c.message.clone()
+            } else {
+                format!("{}: {}", c.field, c.message)
+            };
+            if !lines.contains(&line) {
+                lines.push(line);
+            }
+        }
+        let all = match lines.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let mut error = Self::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {all}", qualified(group, kind)),
+        )
+        .about(group, kind, name);
+        if let Some(details) = &mut error.details {
+            details.causes = causes;
+        }
+        error
     }
 
     pub fn forbidden(message: impl Into<String>) -> Self {
@@ -70,7 +141,7 @@ impl ApiError {
             "Invalid",
             format!("{kind} \"{name}\" is invalid: {message}"),
         )
-        .about(kind, name)
+        .about("", kind, name)
     }
 
     /// 410 for a resourceVersion older than the event log (reason `Expired`, as
@@ -95,12 +166,19 @@ impl ApiError {
         )
     }
 
-    pub fn path_not_found(path: &str) -> Self {
+    /// 404 for a path nothing is served at (a resource no CRD defines included), in
+    /// kube-apiserver's words and without details.
+    pub fn path_not_found() -> Self {
         Self::new(
             404,
             "NotFound",
-            format!("the server could not find the requested resource ({path})"),
+            "the server could not find the requested resource",
         )
+    }
+
+    /// 404 carrying a message from elsewhere (the kubelet's answer to a log request).
+    pub fn not_found_message(message: impl Into<String>) -> Self {
+        Self::new(404, "NotFound", message)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
@@ -118,8 +196,20 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
-        if let Some((name, kind)) = &self.details {
-            status["details"] = json!({ "name": name, "kind": kind });
+        if let Some(d) = &self.details {
+            let mut details = json!({ "name": d.name, "kind": d.kind });
+            if !d.group.is_empty() {
+                details["group"] = json!(d.group);
+            }
+            if !d.causes.is_empty() {
+                let causes: Vec<Value> = d
+                    .causes
+                    .iter()
+                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                    .collect();
+                details["causes"] = json!(causes);
+            }
+            status["details"] = details;
         }
         status
     }

@@ -9,6 +9,8 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::{json, Map, Value};
 
+use super::crds::CustomResource;
+use super::custom::{self, FieldValidation};
 use super::discovery;
 use super::errors::{ApiError, ApiResult};
 use super::event_versions;
@@ -63,9 +65,9 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Bod
             )))
         }
     };
-    let route = match routes::parse(parts.uri.path()) {
+    let route = match routes::parse(parts.uri.path(), &shared.catalog) {
         Route::Resource(route) => route,
-        other => return serve_static(&shared, other, &parts.method),
+        other => return serve_static(&shared, other, &parts.method, &accept),
     };
     let ctx = Ctx {
         shared: &shared,
@@ -84,7 +86,10 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Bod
 }
 
 /// Discovery, version and health documents.
-fn serve_static(shared: &Shared, route: Route, method: &Method) -> Response<Body> {
+fn serve_static(shared: &Shared, route: Route, method: &Method, accept: &str) -> Response<Body> {
+    if route == Route::NotFound {
+        return routes::error_response(&ApiError::path_not_found());
+    }
     if method != Method::GET {
         return routes::error_response(&ApiError::method_not_allowed(method.as_str()));
     }
@@ -96,13 +101,15 @@ fn serve_static(shared: &Shared, route: Route, method: &Method) -> Response<Body
                 .body(routes::full("ok"))
                 .unwrap_or_else(|_| Response::new(routes::full("ok")));
         }
+        Route::OpenApiV2 => return openapi::v2(accept),
         Route::CoreVersions => Some(discovery::core_versions(&shared.addr.to_string())),
-        Route::Groups => Some(discovery::group_list()),
-        Route::Group(g) => discovery::group(&g),
-        Route::GroupVersion(g, v) => discovery::resource_list(&g, &v),
-        Route::OpenApiV3(segments) => {
-            openapi::lookup(&segments.iter().map(String::as_str).collect::<Vec<_>>())
-        }
+        Route::Groups => Some(discovery::group_list(&shared.catalog)),
+        Route::Group(g) => discovery::group(&shared.catalog, &g),
+        Route::GroupVersion(g, v) => discovery::resource_list(&shared.catalog, &g, &v),
+        Route::OpenApiV3(segments) => openapi::lookup(
+            &shared.catalog,
+            &segments.iter().map(String::as_str).collect::<Vec<_>>(),
+        ),
         Route::OpenIdConfiguration => Some(
             shared
                 .tokens
@@ -113,7 +120,7 @@ fn serve_static(shared: &Shared, route: Route, method: &Method) -> Response<Body
     };
     match doc {
         Some(doc) => routes::json_response(200, &doc),
-        None => routes::error_response(&ApiError::path_not_found("path")),
+        None => routes::error_response(&ApiError::path_not_found()),
     }
 }
 
@@ -127,11 +134,11 @@ async fn dispatch(ctx: &Ctx<'_>, method: &Method) -> ApiResult<Response<Body>> {
     let r = &ctx.route;
     if let Some(sub) = &r.subresource {
         if sub != "status" || !r.rs.status {
-            return Err(ApiError::path_not_found(&format!("{}/{sub}", r.rs.plural)));
+            return Err(ApiError::path_not_found());
         }
     }
     if r.rs.namespaced && r.namespace.is_none() && r.name.is_some() {
-        return Err(ApiError::path_not_found(r.rs.plural));
+        return Err(ApiError::path_not_found());
     }
     let is_status = r.subresource.is_some();
     match (method.clone(), r.name.is_some()) {
@@ -207,7 +214,12 @@ fn respond(ctx: &Ctx<'_>, status: u16, objects: &[Value], rv: &str) -> Response<
         .map(|o| present(r.rs, &r.version, o))
         .collect();
     if table::wants_table(&ctx.accept) {
-        return routes::json_response(status, &table::render(r.rs, &presented, rv));
+        let custom = custom_resource(ctx);
+        let columns = custom
+            .as_ref()
+            .and_then(|c| c.version(&r.version))
+            .map(|v| v.columns.as_slice());
+        return routes::json_response(status, &table::render(r.rs, columns, &presented, rv));
     }
     match presented.as_slice() {
         [one] if r.name.is_some() => routes::json_response(status, one),
@@ -228,7 +240,7 @@ fn get(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
         .shared
         .store
         .get(ctx.route.rs, &ns(ctx), &name(ctx))
-        .ok_or_else(|| ApiError::not_found(ctx.route.rs.plural, &name(ctx)))?;
+        .ok_or_else(|| ApiError::not_found(ctx.route.rs.group, ctx.route.rs.plural, &name(ctx)))?;
     let rv = meta::resource_version_of(&obj).to_string();
     Ok(respond(ctx, 200, &[obj], &rv))
 }
@@ -309,7 +321,7 @@ fn check_shape(ctx: &Ctx<'_>, value: &Value) -> ApiResult<()> {
 
 fn create(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
     let rs = ctx.route.rs;
-    let obj = body_object(ctx)?;
+    let mut obj = body_object(ctx)?;
     let mut name = meta::name_of(&obj).to_string();
     if name.is_empty() {
         if let Some(prefix) = obj
@@ -320,14 +332,77 @@ fn create(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
         }
     }
     meta::validate_name(rs, &name)?;
+    let mut warnings = Vec::new();
+    if let Some(custom) = custom_resource(ctx) {
+        custom::check_not_terminating(&custom)?;
+        custom::on_create(&custom, &mut obj);
+        warnings = custom::admit(
+            &custom,
+            &ctx.route.version,
+            &name,
+            &mut obj,
+            FieldValidation::of(&ctx.query)?,
+        )?;
+    }
+    let others = crd_others(ctx);
     let created = ctx
         .shared
         .store
         .mutate(rs, &ns(ctx), &name, dry_run(ctx), |_| {
+            if is_crd(rs) {
+                obj = custom::admit_crd(obj, &others, None)?;
+            }
             Ok(Change::Create(obj))
         })?;
+    follow_crd(ctx, &created);
     let rv = meta::resource_version_of(&created).to_string();
-    Ok(respond_one(ctx, 201, created, &rv))
+    Ok(with_warnings(
+        respond_one(ctx, 201, created, &rv),
+        &warnings,
+    ))
+}
+
+/// The CRD-defined resource a request is about, if it is one.
+fn custom_resource(ctx: &Ctx<'_>) -> Option<Arc<CustomResource>> {
+    let rs = ctx.route.rs;
+    resources::builtin_by_storage(rs.group, rs.plural)
+        .is_none()
+        .then(|| ctx.shared.catalog.custom(rs.group, rs.plural))
+        .flatten()
+}
+
+fn is_crd(rs: &Resource) -> bool {
+    std::ptr::eq(rs, resources::crds())
+}
+
+/// Every stored CRD, for a CRD write's name-conflict check (none for other writes).
+fn crd_others(ctx: &Ctx<'_>) -> Vec<Value> {
+    if !is_crd(ctx.route.rs) {
+        return Vec::new();
+    }
+    ctx.shared
+        .store
+        .list(resources::crds(), None, &Filter::default())
+        .0
+}
+
+/// After a CRD write: serve (or stop serving) what it defines.
+fn follow_crd(ctx: &Ctx<'_>, crd: &Value) {
+    if is_crd(ctx.route.rs) && !dry_run(ctx) {
+        ctx.shared.catalog.sync(crd);
+        ctx.shared.crds_changed.send_modify(|n| *n += 1);
+    }
+}
+
+/// `Warning: 299 - "<text>"` headers, one per warning, as kube-apiserver sends them.
+fn with_warnings(mut response: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for warning in warnings {
+        let text = format!("299 - {:?}", warning);
+        if let Ok(value) = http::HeaderValue::from_str(&text) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    response
 }
 
 fn respond_one(ctx: &Ctx<'_>, status: u16, obj: Value, rv: &str) -> Response<Body> {
@@ -343,6 +418,9 @@ fn respond_one(ctx: &Ctx<'_>, status: u16, obj: Value, rv: &str) -> Response<Bod
 /// labels and annotations (as the real pods/status does; Istio's CNI agent annotates
 /// pods that way), carrying the caller's resourceVersion for the conflict check.
 fn with_subresource_rules(rs: &Resource, status: bool, old: &Value, candidate: Value) -> Value {
+    if status && resources::builtin_by_storage(rs.group, rs.plural).is_none() {
+        return custom::status_write(old, &candidate);
+    }
     if status {
         let mut out = old.clone();
         for pointer in [
@@ -393,22 +471,38 @@ fn update(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
         )));
     }
     let status = ctx.route.subresource.is_some();
+    let custom = custom_resource(ctx);
+    let validation = FieldValidation::of(&ctx.query)?;
+    let others = crd_others(ctx);
+    let mut warnings = Vec::new();
     let updated = ctx
         .shared
         .store
         .mutate(rs, &ns(ctx), &name, dry_run(ctx), |cur| {
-            let old = cur.ok_or_else(|| ApiError::not_found(rs.plural, &name))?;
-            Ok(Change::Update(with_subresource_rules(rs, status, old, obj)))
+            let old = cur.ok_or_else(|| ApiError::not_found(rs.group, rs.plural, &name))?;
+            let mut new = with_subresource_rules(rs, status, old, obj);
+            if let Some(custom) = &custom {
+                warnings = custom::admit(custom, &ctx.route.version, &name, &mut new, validation)?;
+            }
+            if is_crd(rs) {
+                new = custom::admit_crd(new, &others, Some(old))?;
+            }
+            Ok(Change::Update(new))
         })?;
+    follow_crd(ctx, &updated);
     let rv = meta::resource_version_of(&updated).to_string();
-    Ok(respond_one(ctx, 200, updated, &rv))
+    Ok(with_warnings(
+        respond_one(ctx, 200, updated, &rv),
+        &warnings,
+    ))
 }
 
 fn patch(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
     let rs = ctx.route.rs;
     let name = name(ctx);
     let patch = Patch::parse(&ctx.content_type, &ctx.body)?;
-    if matches!(patch, Patch::Strategic(_)) && rs.group.ends_with("istio.io") {
+    let custom = custom_resource(ctx);
+    if matches!(patch, Patch::Strategic(_)) && custom.is_some() {
         // As for any custom resource on a real server.
         return Err(ApiError::unsupported_media_type(
             "application/strategic-merge-patch+json (not supported for custom resources)",
@@ -425,19 +519,26 @@ fn patch(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
         check_shape(ctx, applied)?;
     }
     let status = ctx.route.subresource.is_some();
+    let validation = FieldValidation::of(&ctx.query)?;
+    let others = crd_others(ctx);
     let mut created = false;
+    let mut warnings = Vec::new();
     let result = ctx
         .shared
         .store
         .mutate(rs, &ns(ctx), &name, dry_run(ctx), |cur| {
-            match (cur, &patch) {
+            let change = match (cur, &patch) {
                 (None, Patch::Apply(applied)) if !status => {
                     created = true;
                     let mut obj = applied.clone();
                     meta::set_path(&mut obj, "/metadata/name", json!(name));
+                    if let Some(custom) = &custom {
+                        custom::check_not_terminating(custom)?;
+                        custom::on_create(custom, &mut obj);
+                    }
                     Ok(Change::Create(obj))
                 }
-                (None, _) => Err(ApiError::not_found(rs.plural, &name)),
+                (None, _) => Err(ApiError::not_found(rs.group, rs.plural, &name)),
                 (Some(old), patch) => {
                     // A patch is written against the form the client sees.
                     let patched = if rs.group == "events.k8s.io" {
@@ -459,14 +560,31 @@ fn patch(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
                         rs, status, old, patched,
                     )))
                 }
-            }
+            }?;
+            // What the patch leaves goes through the same checks as a full write.
+            Ok(match change {
+                Change::Create(mut obj) | Change::Update(mut obj) => {
+                    if let Some(custom) = &custom {
+                        warnings =
+                            custom::admit(custom, &ctx.route.version, &name, &mut obj, validation)?;
+                    }
+                    if is_crd(rs) {
+                        obj = custom::admit_crd(obj, &others, cur)?;
+                    }
+                    if created {
+                        Change::Create(obj)
+                    } else {
+                        Change::Update(obj)
+                    }
+                }
+                Change::Delete => Change::Delete,
+            })
         })?;
+    follow_crd(ctx, &result);
     let rv = meta::resource_version_of(&result).to_string();
-    Ok(respond_one(
-        ctx,
-        if created { 201 } else { 200 },
-        result,
-        &rv,
+    Ok(with_warnings(
+        respond_one(ctx, if created { 201 } else { 200 }, result, &rv),
+        &warnings,
     ))
 }
 
@@ -477,16 +595,57 @@ fn patch(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
 fn delete(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
     let rs = ctx.route.rs;
     let name = name(ctx);
+    if is_crd(rs) && !dry_run(ctx) {
+        return delete_crd(ctx, &name);
+    }
     let deleted = ctx
         .shared
         .store
         .mutate(rs, &ns(ctx), &name, dry_run(ctx), |cur| {
             cur.map(|_| Change::Delete)
-                .ok_or_else(|| ApiError::not_found(rs.plural, &name))
+                .ok_or_else(|| ApiError::not_found(rs.group, rs.plural, &name))
         })?;
     schedule_namespace_finalizer(ctx, &deleted);
     let rv = meta::resource_version_of(&deleted).to_string();
     Ok(respond_one(ctx, 200, deleted, &rv))
+}
+
+/// Deletes a CRD as kube-apiserver does, without the wait: it turns Terminating (no new
+/// objects), every object it defines is deleted (watchers see each go), then the CRD
+/// goes and what it defined is no longer served (open watches on it end).
+fn delete_crd(ctx: &Ctx<'_>, name: &str) -> ApiResult<Response<Body>> {
+    let crds = resources::crds();
+    let store = &ctx.shared.store;
+    let terminating = store.mutate(crds, "", name, false, |cur| {
+        let cur = cur.ok_or_else(|| ApiError::not_found(crds.group, crds.plural, name))?;
+        Ok(Change::Update(crate::crds::terminating(cur)))
+    })?;
+    ctx.shared.catalog.sync(&terminating);
+    let (group, plural) = crate::crds::group_and_plural(&terminating);
+    if let Some(custom) = ctx.shared.catalog.custom(&group, &plural) {
+        let (instances, _) = store.list(custom.resource, None, &Filter::default());
+        for obj in instances {
+            // One deleted meanwhile is gone either way.
+            let _ = store.mutate(
+                custom.resource,
+                meta::namespace_of(&obj),
+                meta::name_of(&obj),
+                false,
+                |cur| {
+                    cur.map(|_| Change::Delete)
+                        .ok_or_else(|| ApiError::not_found(&group, &plural, ""))
+                },
+            );
+        }
+    }
+    let deleted = store.mutate(crds, "", name, false, |cur| {
+        cur.map(|_| Change::Delete)
+            .ok_or_else(|| ApiError::not_found(crds.group, crds.plural, name))
+    })?;
+    ctx.shared.catalog.remove(&deleted);
+    ctx.shared.crds_changed.send_modify(|n| *n += 1);
+    let rv = meta::resource_version_of(&terminating).to_string();
+    Ok(respond_one(ctx, 200, terminating, &rv))
 }
 
 fn schedule_namespace_finalizer(ctx: &Ctx<'_>, deleted: &Value) {
@@ -522,7 +681,7 @@ fn delete_collection(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
             dry_run(ctx),
             |cur| {
                 cur.map(|_| Change::Delete)
-                    .ok_or_else(|| ApiError::not_found(rs.plural, ""))
+                    .ok_or_else(|| ApiError::not_found(rs.group, rs.plural, ""))
             },
         );
         // An object deleted meanwhile is simply not in the answer.
@@ -538,7 +697,7 @@ fn delete_collection(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::find;
+    use crate::resources::builtin as find;
 
     #[test]
     fn status_rules() {

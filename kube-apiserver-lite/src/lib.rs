@@ -26,6 +26,9 @@
 //! Not a product: no authentication (tokens are only issued and reviewed), no admission, no graceful pod deletion or
 //! finalizers (namespaces do pass through Terminating), no managedFields, no OpenAPI schemas, lists are never paginated.
 
+mod catalog;
+mod crds;
+mod custom;
 mod discovery;
 mod errors;
 mod event_versions;
@@ -38,6 +41,7 @@ mod pod_logs;
 mod protobuf;
 pub mod resources;
 mod routes;
+mod schema;
 mod selectors;
 pub mod service_ips;
 mod store;
@@ -133,6 +137,8 @@ pub struct Stats {
 
 /// State shared by the accept loop, connections and watch tasks.
 struct Shared {
+    /// What is served (built-in resources, and those of established CRDs).
+    catalog: Arc<catalog::Catalog>,
     store: store::Store,
     tokens: tokens::Signer,
     /// `None` when no certificate could be made: plain HTTP only.
@@ -145,6 +151,8 @@ struct Shared {
     shutdown: signal::Sender<bool>,
     /// Bumped to end every open watch.
     disconnect: signal::Sender<u64>,
+    /// Bumped when a CRD is written: watches of a resource no longer served end.
+    crds_changed: signal::Sender<u64>,
     /// While true, new watches wait before they start.
     paused: signal::Sender<bool>,
     /// False once the accept loop has ended.
@@ -184,10 +192,12 @@ impl ApiServer {
     /// Serves on an already bound listener.
     pub fn from_listener(listener: TcpListener, options: Options) -> Result<ApiServer, StartError> {
         let addr = listener.local_addr().map_err(StartError::Listen)?;
+        let catalog = Arc::new(catalog::Catalog::default());
         let store = store::Store::open(
             options.state_file.clone(),
             options.event_log_capacity,
             options.service_cluster_ip_range.clone(),
+            catalog.clone(),
         )
         .map_err(StartError::State)?;
         let key_file = options
@@ -205,6 +215,7 @@ impl ApiServer {
             }
         };
         let shared = Arc::new(Shared {
+            catalog,
             store,
             tokens,
             tls,
@@ -214,6 +225,7 @@ impl ApiServer {
             stats: Counters::default(),
             shutdown: signal::channel(false).0,
             disconnect: signal::channel(0).0,
+            crds_changed: signal::channel(0).0,
             paused: signal::channel(false).0,
             running: signal::channel(true).0,
         });

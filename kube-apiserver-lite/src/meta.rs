@@ -231,7 +231,7 @@ pub fn spec_part(obj: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::find;
+    use crate::resources::builtin as find;
 
     #[test]
     fn names_and_uids() {

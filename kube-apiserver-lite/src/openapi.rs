@@ -1,12 +1,19 @@
 //! A minimal OpenAPI v3: just enough for kubectl to learn that PATCH takes the
 //! `fieldValidation` parameter, so `kubectl create -f` / `apply -f` validate on the
 //! server (which accepts every field) instead of failing to download schemas.
-//! There are no schemas: `kubectl explain` does not work.
+//! There are no schemas: `kubectl explain` does not work. OpenAPI v2 is an empty
+//! document: kubectl falls back to it for a kind v3 does not list (a custom kind
+//! without its CRD) and then skips validation, so the apply fails on the missing kind
+//! ("no matches for kind"), as against kube-apiserver.
 
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::resources::{Resource, RESOURCES};
+use hyper::{header, Response};
+
+use super::catalog::Catalog;
+use super::resources::Resource;
+use super::routes::{self, Body};
 
 fn gv_path(group: &str, version: &str) -> String {
     if group.is_empty() {
@@ -17,24 +24,22 @@ fn gv_path(group: &str, version: &str) -> String {
 }
 
 /// Every served group/version.
-fn group_versions() -> Vec<(&'static str, &'static str)> {
-    let mut out = Vec::new();
-    for r in RESOURCES.iter().filter(|r| !r.create_only) {
-        for v in r.versions {
-            if !out.contains(&(r.group, *v)) {
-                out.push((r.group, *v));
-            }
+fn group_versions(catalog: &Catalog) -> Vec<(String, String)> {
+    let mut out = vec![(String::new(), "v1".to_string())];
+    for (group, versions) in catalog.groups() {
+        for v in versions {
+            out.push((group.clone(), v));
         }
     }
     out
 }
 
 /// `/openapi/v3`: the index of per-group-version documents.
-pub fn root() -> Value {
+pub fn root(catalog: &Catalog) -> Value {
     let mut paths = Map::new();
-    for (group, version) in group_versions() {
-        let path = gv_path(group, version);
-        let hash = document(group, version)
+    for (group, version) in group_versions(catalog) {
+        let path = gv_path(&group, &version);
+        let hash = document(catalog, &group, &version)
             .map(|d| hash(&d))
             .unwrap_or_default();
         paths.insert(
@@ -44,6 +49,31 @@ pub fn root() -> Value {
     }
     json!({"paths": paths})
 }
+
+/// `/openapi/v2`: no paths and no definitions, as protobuf (an empty gnostic
+/// `Document` is zero bytes) when asked for it, else as JSON.
+pub fn v2(accept: &str) -> Response<Body> {
+    let (content_type, body) = if accept.contains("protobuf") {
+        (V2_PROTOBUF, Vec::new())
+    } else {
+        let doc = json!({
+            "swagger": "2.0",
+            "info": {"title": "Kubernetes", "version": crate::discovery::GIT_VERSION},
+            "paths": {},
+            "definitions": {},
+        });
+        (
+            "application/json",
+            serde_json::to_vec(&doc).unwrap_or_default(),
+        )
+    };
+    Response::builder()
+        .header(header::CONTENT_TYPE, content_type)
+        .body(routes::full(body))
+        .unwrap_or_else(|_| Response::new(routes::full(Vec::new())))
+}
+
+const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
 
 fn hash(doc: &Value) -> String {
     let digest = Sha256::digest(doc.to_string().as_bytes());
@@ -73,11 +103,12 @@ fn patch_path(rs: &Resource, version: &str) -> (String, Value) {
 }
 
 /// `/openapi/v3/api/v1` or `/openapi/v3/apis/<group>/<version>`.
-pub fn document(group: &str, version: &str) -> Option<Value> {
+pub fn document(catalog: &Catalog, group: &str, version: &str) -> Option<Value> {
     let mut paths = Map::new();
-    for rs in RESOURCES
-        .iter()
-        .filter(|r| r.group == group && r.serves(version) && !r.create_only)
+    for (rs, _) in catalog
+        .resources_in(group, version)
+        .into_iter()
+        .filter(|(r, _)| !r.create_only)
     {
         let (path, item) = patch_path(rs, version);
         paths.insert(path, item);
@@ -94,11 +125,11 @@ pub fn document(group: &str, version: &str) -> Option<Value> {
 }
 
 /// The document a `/openapi/v3/...` path names.
-pub fn lookup(segments: &[&str]) -> Option<Value> {
+pub fn lookup(catalog: &Catalog, segments: &[&str]) -> Option<Value> {
     match segments {
-        [] => Some(root()),
-        ["api", version] => document("", version),
-        ["apis", group, version] => document(group, version),
+        [] => Some(root(catalog)),
+        ["api", version] => document(catalog, "", version),
+        ["apis", group, version] => document(catalog, group, version),
         _ => None,
     }
 }
@@ -109,16 +140,17 @@ mod tests {
 
     #[test]
     fn documents() {
-        let root = root();
+        let catalog = Catalog::default();
+        let root = root(&catalog);
         let url = root["paths"]["api/v1"]["serverRelativeURL"]
             .as_str()
             .unwrap();
         assert!(url.starts_with("/openapi/v3/api/v1?hash="));
-        let doc = lookup(&["api", "v1"]).unwrap();
+        let doc = lookup(&catalog, &["api", "v1"]).unwrap();
         let pod = &doc["paths"]["/api/v1/namespaces/{namespace}/pods/{name}"]["patch"];
         assert_eq!(pod["x-kubernetes-group-version-kind"]["kind"], "Pod");
         assert!(doc["paths"]["/api/v1/namespaces/{name}"].is_object());
-        assert!(lookup(&["apis", "apps", "v9"]).is_none());
-        assert!(lookup(&["apis", "security.istio.io", "v1beta1"]).is_some());
+        assert!(lookup(&catalog, &["apis", "apps", "v9"]).is_none());
+        assert!(lookup(&catalog, &["apis", "security.istio.io", "v1beta1"]).is_none());
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::resources::{self, Resource};
+use super::resources::Resource;
 
 /// Writes the snapshot to a temporary file, then renames it: never half a file.
 pub fn save<'a>(
@@ -45,7 +45,10 @@ pub struct Change<'a> {
 /// A change read back from the journal.
 pub struct Replayed {
     pub rv: u64,
-    pub resource: &'static Resource,
+    /// The storage group and plural (resolved by the store, whose CRDs say what
+    /// custom groups exist).
+    pub group: String,
+    pub plural: String,
     pub object: Value,
     pub deleted: bool,
 }
@@ -129,14 +132,14 @@ pub fn replay(snapshot: &Path) -> std::io::Result<Vec<Replayed>> {
         let line = line?;
         let parsed = serde_json::from_str::<Value>(&line).ok().and_then(|entry| {
             let rv = entry.get("rv")?.as_str()?.parse().ok()?;
-            let group = entry.get("group")?.as_str()?;
-            let plural = entry.get("plural")?.as_str()?;
-            let resource = resources::by_storage(group, plural)?;
+            let group = entry.get("group")?.as_str()?.to_string();
+            let plural = entry.get("plural")?.as_str()?.to_string();
             let deleted = entry.get("deleted")?.as_bool()?;
             let object = entry.get("object").filter(|o| o.is_object())?.clone();
             Some(Replayed {
                 rv,
-                resource,
+                group,
+                plural,
                 object,
                 deleted,
             })
@@ -152,9 +155,12 @@ pub fn replay(snapshot: &Path) -> std::io::Result<Vec<Replayed>> {
     Ok(changes)
 }
 
-/// Reads a snapshot: the resourceVersion and the objects of known resources (others
-/// are skipped with a warning).
-pub fn load(path: &Path) -> std::io::Result<(u64, Vec<(&'static Resource, Value)>)> {
+/// An object of a snapshot: its storage group, plural, and the object.
+pub type Stored = (String, String, Value);
+
+/// Reads a snapshot: the resourceVersion and every object with its storage group and
+/// plural (which the store resolves: a custom resource needs its CRD).
+pub fn load(path: &Path) -> std::io::Result<(u64, Vec<Stored>)> {
     let invalid = |msg: String| Error::new(ErrorKind::InvalidData, msg);
     let doc: Value = serde_json::from_slice(&std::fs::read(path)?)
         .map_err(|e| invalid(format!("{}: {e}", path.display())))?;
@@ -172,9 +178,15 @@ pub fn load(path: &Path) -> std::io::Result<(u64, Vec<(&'static Resource, Value)
     {
         let group = entry.get("group").and_then(Value::as_str).unwrap_or("");
         let plural = entry.get("plural").and_then(Value::as_str).unwrap_or("");
-        match (resources::by_storage(group, plural), entry.get("object")) {
-            (Some(rs), Some(obj)) if obj.is_object() => objects.push((rs, obj.clone())),
-            _ => tracing::warn!(group, plural, "state file: skipping an unknown object"),
+        match entry.get("object") {
+            Some(obj) if obj.is_object() => {
+                objects.push((group.to_string(), plural.to_string(), obj.clone()))
+            }
+            _ => tracing::warn!(
+                group,
+                plural,
+                "state file: skipping an entry without an object"
+            ),
         }
     }
     Ok((rv, objects))
@@ -197,8 +209,8 @@ mod tests {
         .unwrap();
         let (rv, objects) = load(&path).unwrap();
         assert_eq!(rv, 42);
-        assert_eq!(objects.len(), 1);
-        assert_eq!(objects[0].0.plural, "pods");
+        assert_eq!(objects.len(), 2);
+        assert_eq!(objects[0].1, "pods");
         std::fs::write(&path, "{").unwrap();
         assert!(load(&path).is_err());
         std::fs::write(&path, "{\"objects\": []}").unwrap();
@@ -209,7 +221,7 @@ mod tests {
     fn the_journal_replays_changes_after_the_snapshot_and_stops_at_a_torn_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.json");
-        let pods = resources::by_storage("", "pods").unwrap();
+        let pods = crate::resources::builtin_by_storage("", "pods").unwrap();
         let pod = json!({"metadata": {"name": "p", "namespace": "d"}});
         let mut disk = Disk::create(&path, 10, std::iter::empty()).unwrap();
         let change = |rv, deleted| Change {

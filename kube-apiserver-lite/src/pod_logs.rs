@@ -45,15 +45,16 @@ pub(super) async fn dispatch(ctx: &Ctx<'_>, method: &Method) -> Option<ApiResult
 async fn serve(ctx: &Ctx<'_>) -> ApiResult<Response<Body>> {
     let namespace = ctx.route.namespace.clone().unwrap_or_default();
     let name = ctx.route.name.clone().unwrap_or_default();
-    let pods = resources::find("", "v1", "pods").ok_or_else(|| ApiError::internal("no pods"))?;
+    let pods = resources::builtin("", "v1", "pods").ok_or_else(|| ApiError::internal("no pods"))?;
     let pod = ctx
         .shared
         .store
         .get(pods, &namespace, &name)
-        .ok_or_else(|| ApiError::not_found("pods", &name))?;
+        .ok_or_else(|| ApiError::not_found("", "pods", &name))?;
     let container = container(&pod, ctx.query.get("container"))?;
     let node_name = pod["spec"]["nodeName"].as_str().unwrap_or_default();
-    let nodes = resources::find("", "v1", "nodes").ok_or_else(|| ApiError::internal("no nodes"))?;
+    let nodes =
+        resources::builtin("", "v1", "nodes").ok_or_else(|| ApiError::internal("no nodes"))?;
     let node = ctx.shared.store.get(nodes, "", node_name).ok_or_else(|| {
         ApiError::bad_request(format!(
             "pod {name} is not bound to a node it can reach: {node_name:?}"
@@ -144,7 +145,7 @@ async fn forward(host: &str, path: &str) -> ApiResult<Response<Body>> {
             .unwrap_or_default();
         let message = String::from_utf8_lossy(&bytes).trim().to_owned();
         return Err(match status.as_u16() {
-            404 => ApiError::path_not_found(&message),
+            404 => ApiError::not_found_message(message),
             400 => ApiError::bad_request(message),
             _ => ApiError::internal(message),
         });

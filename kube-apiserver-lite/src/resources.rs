@@ -1,5 +1,5 @@
-//! The fixed table of resources this server knows. One row per resource; versions of
-//! one group share storage (security.istio.io v1 and v1beta1 see the same objects).
+//! The built-in resources this server serves, one row each (custom resources come from
+//! CRDs, see `catalog.rs`). Versions of one resource share storage.
 
 /// A served resource type.
 #[derive(Debug, PartialEq, Eq)]
@@ -87,11 +87,10 @@ const fn review(
 }
 
 const V1: &[&str] = &["v1"];
-const ISTIO: &[&str] = &["v1", "v1beta1"];
 
-/// Every resource served. Add a row to serve another type.
+/// Every built-in resource. Add a row to serve another type.
 #[rustfmt::skip]
-pub static RESOURCES: &[Resource] = &[
+pub static BUILTIN: &[Resource] = &[
     res("", V1, "namespaces", "namespace", "Namespace", false, &["ns"], true),
     res("", V1, "nodes", "node", "Node", false, &["no"], true),
     res("", V1, "pods", "pod", "Pod", true, &["po"], true),
@@ -113,30 +112,28 @@ pub static RESOURCES: &[Resource] = &[
     res("rbac.authorization.k8s.io", V1, "roles", "role", "Role", true, &[], false),
     res("rbac.authorization.k8s.io", V1, "rolebindings", "rolebinding", "RoleBinding", true, &[], false),
     res("apiextensions.k8s.io", V1, "customresourcedefinitions", "customresourcedefinition", "CustomResourceDefinition", false, &["crd"], true),
-    res("security.istio.io", ISTIO, "authorizationpolicies", "authorizationpolicy", "AuthorizationPolicy", true, &["ap"], true),
-    res("security.istio.io", ISTIO, "peerauthentications", "peerauthentication", "PeerAuthentication", true, &["pa"], true),
     review("authentication.k8s.io", "tokenreviews", "tokenreview", "TokenReview"),
     review("authentication.k8s.io", "selfsubjectreviews", "selfsubjectreview", "SelfSubjectReview"),
 ];
 
-/// The resource served at `/api[s]/<group>/<version>/<plural>`.
-pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
-    RESOURCES
+/// The built-in resource served at `/api[s]/<group>/<version>/<plural>`.
+pub fn builtin(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    BUILTIN
         .iter()
         .find(|r| r.group == group && r.plural == plural && r.serves(version))
 }
 
-/// The resource stored under `(group, plural)` (any version).
-pub fn by_storage(group: &str, plural: &str) -> Option<&'static Resource> {
-    RESOURCES
+/// The built-in resource stored under `(group, plural)` (any version).
+pub fn builtin_by_storage(group: &str, plural: &str) -> Option<&'static Resource> {
+    BUILTIN
         .iter()
         .find(|r| r.group == group && r.plural == plural)
 }
 
-/// API groups other than core, in first-seen order, with their versions.
-pub fn groups() -> Vec<(&'static str, &'static [&'static str])> {
+/// Built-in API groups other than core, in first-seen order, with their versions.
+pub fn builtin_groups() -> Vec<(&'static str, &'static [&'static str])> {
     let mut out: Vec<(&'static str, &'static [&'static str])> = Vec::new();
-    for r in RESOURCES.iter().filter(|r| !r.group.is_empty()) {
+    for r in BUILTIN.iter().filter(|r| !r.group.is_empty()) {
         if !out.iter().any(|(g, _)| *g == r.group) {
             out.push((r.group, r.versions));
         }
@@ -146,7 +143,13 @@ pub fn groups() -> Vec<(&'static str, &'static [&'static str])> {
 
 /// The namespace resource, needed by the store for cascading deletes.
 pub fn namespaces() -> &'static Resource {
-    &RESOURCES[0]
+    &BUILTIN[0]
+}
+
+/// The CustomResourceDefinition resource.
+pub fn crds() -> &'static Resource {
+    builtin_by_storage("apiextensions.k8s.io", "customresourcedefinitions")
+        .expect("CRDs are built in")
 }
 
 #[cfg(test)]
@@ -155,14 +158,14 @@ mod tests {
 
     #[test]
     fn lookups() {
-        assert_eq!(find("", "v1", "pods").map(|r| r.kind), Some("Pod"));
-        assert!(find("", "v2", "pods").is_none());
-        assert_eq!(
-            find("security.istio.io", "v1beta1", "authorizationpolicies").map(|r| r.kind),
-            Some("AuthorizationPolicy")
-        );
+        assert_eq!(builtin("", "v1", "pods").map(|r| r.kind), Some("Pod"));
+        assert!(builtin("", "v2", "pods").is_none());
+        assert!(builtin("security.istio.io", "v1", "authorizationpolicies").is_none());
         assert_eq!(namespaces().plural, "namespaces");
-        assert!(groups().iter().any(|(g, _)| *g == "apps"));
-        assert!(find("authentication.k8s.io", "v1", "tokenreviews").is_some_and(|r| r.create_only));
+        assert_eq!(crds().kind, "CustomResourceDefinition");
+        assert!(builtin_groups().iter().any(|(g, _)| *g == "apps"));
+        assert!(
+            builtin("authentication.k8s.io", "v1", "tokenreviews").is_some_and(|r| r.create_only)
+        );
     }
 }

@@ -8,8 +8,9 @@ use http::{header, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use serde_json::Value;
 
+use super::catalog::Catalog;
 use super::errors::ApiError;
-use super::resources::{self, Resource};
+use super::resources::Resource;
 
 /// Response body: a buffer, or the stream of a watch.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -27,7 +28,9 @@ pub enum Route {
     Group(String),
     /// `/api/v1` or `/apis/<group>/<version>`
     GroupVersion(String, String),
-    /// `/openapi/v3/...` (the segments after `v3`); `/openapi/v2` is not served.
+    /// `/openapi/v2`: an empty document, as kubectl reads it for kinds v3 does not know.
+    OpenApiV2,
+    /// `/openapi/v3/...` (the segments after `v3`).
     OpenApiV3(Vec<String>),
     /// `/.well-known/openid-configuration` (service account token issuer discovery)
     OpenIdConfiguration,
@@ -47,7 +50,7 @@ pub struct ResourceRoute {
     pub subresource: Option<String>,
 }
 
-pub fn parse(path: &str) -> Route {
+pub fn parse(path: &str, catalog: &Catalog) -> Route {
     let segments: Vec<String> = path
         .split('/')
         .filter(|s| !s.is_empty())
@@ -58,10 +61,11 @@ pub fn parse(path: &str) -> Route {
         ["version"] => Route::Version,
         ["healthz" | "livez" | "readyz", ..] => Route::Health,
         ["api"] => Route::CoreVersions,
-        ["api", version, rest @ ..] => resource_route("", version, rest),
+        ["api", version, rest @ ..] => resource_route(catalog, "", version, rest),
         ["apis"] => Route::Groups,
         ["apis", group] => Route::Group(group.to_string()),
-        ["apis", group, version, rest @ ..] => resource_route(group, version, rest),
+        ["apis", group, version, rest @ ..] => resource_route(catalog, group, version, rest),
+        ["openapi", "v2"] => Route::OpenApiV2,
         ["openapi", "v3", rest @ ..] => {
             Route::OpenApiV3(rest.iter().map(|s| s.to_string()).collect())
         }
@@ -71,9 +75,9 @@ pub fn parse(path: &str) -> Route {
     }
 }
 
-fn resource_route(group: &str, version: &str, rest: &[&str]) -> Route {
+fn resource_route(catalog: &Catalog, group: &str, version: &str, rest: &[&str]) -> Route {
     let route = |plural: &str, namespace: Option<&str>, name: Option<&&str>, sub: Option<&&str>| {
-        match resources::find(group, version, plural) {
+        match catalog.find(group, version, plural) {
             Some(rs) if rs.namespaced || namespace.is_none() => Route::Resource(ResourceRoute {
                 rs,
                 version: version.to_string(),
@@ -84,8 +88,11 @@ fn resource_route(group: &str, version: &str, rest: &[&str]) -> Route {
             _ => Route::NotFound,
         }
     };
-    let namespaced_plural =
-        |p: &str| resources::find(group, version, p).is_some_and(|r| r.namespaced);
+    let namespaced_plural = |p: &str| {
+        catalog
+            .find(group, version, p)
+            .is_some_and(|r| r.namespaced)
+    };
     match rest {
         [] => Route::GroupVersion(group.to_string(), version.to_string()),
         ["namespaces", ns, plural, tail @ ..] if tail.len() <= 2 && namespaced_plural(plural) => {
@@ -165,15 +172,21 @@ mod tests {
 
     #[test]
     fn paths() {
-        assert_eq!(parse("/version"), Route::Version);
-        assert_eq!(parse("/api"), Route::CoreVersions);
+        assert_eq!(parse("/version", &Catalog::default()), Route::Version);
+        assert_eq!(parse("/api", &Catalog::default()), Route::CoreVersions);
         assert_eq!(
-            parse("/api/v1"),
+            parse("/api/v1", &Catalog::default()),
             Route::GroupVersion("".into(), "v1".into())
         );
-        assert_eq!(parse("/apis/apps"), Route::Group("apps".into()));
         assert_eq!(
-            res(parse("/api/v1/namespaces/demo/pods/web/status")),
+            parse("/apis/apps", &Catalog::default()),
+            Route::Group("apps".into())
+        );
+        assert_eq!(
+            res(parse(
+                "/api/v1/namespaces/demo/pods/web/status",
+                &Catalog::default()
+            )),
             (
                 "pods".into(),
                 Some("demo".into()),
@@ -182,15 +195,15 @@ mod tests {
             )
         );
         assert_eq!(
-            res(parse("/api/v1/pods")),
+            res(parse("/api/v1/pods", &Catalog::default())),
             ("pods".into(), None, None, None)
         );
         assert_eq!(
-            res(parse("/api/v1/namespaces/demo")),
+            res(parse("/api/v1/namespaces/demo", &Catalog::default())),
             ("namespaces".into(), None, Some("demo".into()), None)
         );
         assert_eq!(
-            res(parse("/api/v1/namespaces/demo/status")),
+            res(parse("/api/v1/namespaces/demo/status", &Catalog::default())),
             (
                 "namespaces".into(),
                 None,
@@ -199,27 +212,45 @@ mod tests {
             )
         );
         assert_eq!(
-            res(parse(
-                "/apis/security.istio.io/v1beta1/namespaces/a/authorizationpolicies/p"
-            ))
-            .0,
-            "authorizationpolicies"
+            parse(
+                "/apis/security.istio.io/v1beta1/namespaces/a/authorizationpolicies/p",
+                &Catalog::default()
+            ),
+            Route::NotFound,
+            "a custom kind is not served before its CRD"
         );
-        assert_eq!(parse("/api/v1/namespaces/demo/nodes/x"), Route::NotFound);
-        assert_eq!(parse("/api/v1/widgets"), Route::NotFound);
-        assert_eq!(parse("/api/v1/namespaces/a/pods/b/c/d"), Route::NotFound);
-        assert_eq!(parse("/openapi/v2"), Route::NotFound);
-        assert_eq!(parse("/openid/v1/jwks"), Route::Jwks);
         assert_eq!(
-            res(parse("/api/v1/namespaces/a/serviceaccounts/b/token")).3,
+            parse("/api/v1/namespaces/demo/nodes/x", &Catalog::default()),
+            Route::NotFound
+        );
+        assert_eq!(
+            parse("/api/v1/widgets", &Catalog::default()),
+            Route::NotFound
+        );
+        assert_eq!(
+            parse("/api/v1/namespaces/a/pods/b/c/d", &Catalog::default()),
+            Route::NotFound
+        );
+        assert_eq!(parse("/openapi/v2", &Catalog::default()), Route::OpenApiV2);
+        assert_eq!(parse("/openid/v1/jwks", &Catalog::default()), Route::Jwks);
+        assert_eq!(
+            res(parse(
+                "/api/v1/namespaces/a/serviceaccounts/b/token",
+                &Catalog::default()
+            ))
+            .3,
             Some("token".into())
         );
         assert_eq!(
-            res(parse("/apis/authentication.k8s.io/v1/tokenreviews")).0,
+            res(parse(
+                "/apis/authentication.k8s.io/v1/tokenreviews",
+                &Catalog::default()
+            ))
+            .0,
             "tokenreviews"
         );
         assert_eq!(
-            parse("/openapi/v3/api/v1"),
+            parse("/openapi/v3/api/v1", &Catalog::default()),
             Route::OpenApiV3(vec!["api".into(), "v1".into()])
         );
     }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
+use super::catalog::Catalog;
 use super::errors::{ApiError, ApiResult};
 use super::meta;
 use super::persist;
@@ -101,6 +102,8 @@ pub struct Store {
 }
 
 struct Inner {
+    /// What is served: the CRDs stored here decide the custom resources.
+    catalog: Arc<Catalog>,
     /// Where Services get their ClusterIPs.
     service_ranges: ServiceRanges,
     objects: BTreeMap<Key, Value>,
@@ -124,9 +127,11 @@ impl Store {
         state_file: Option<PathBuf>,
         log_capacity: usize,
         service_ranges: ServiceRanges,
+        catalog: Arc<Catalog>,
     ) -> std::io::Result<Store> {
         let (tx, _) = broadcast::channel(BROADCAST_CAPACITY);
         let mut inner = Inner {
+            catalog: catalog.clone(),
             objects: BTreeMap::new(),
             rv: 0,
             log: VecDeque::new(),
@@ -140,7 +145,23 @@ impl Store {
             Some(path) if path.exists() => {
                 let (rv, objects) = persist::load(path)?;
                 inner.rv = rv;
-                for (rs, obj) in objects {
+                // CRDs first: they say which custom resources the rest may be.
+                let crd_key = resources::crds().storage_key();
+                for (_, _, crd) in objects
+                    .iter()
+                    .filter(|(g, p, _)| (g.as_str(), p.as_str()) == crd_key)
+                {
+                    catalog.sync(crd);
+                }
+                for (group, plural, obj) in objects {
+                    let Some(rs) = catalog.by_storage(&group, &plural) else {
+                        tracing::warn!(
+                            group,
+                            plural,
+                            "state file: skipping an object of an unknown resource"
+                        );
+                        continue;
+                    };
                     let key = Key::new(rs, meta::namespace_of(&obj), meta::name_of(&obj));
                     inner.objects.insert(key, obj);
                 }
@@ -150,11 +171,17 @@ impl Store {
                     }
                     inner.rv = change.rv;
                     let obj = change.object;
-                    let key = Key::new(
-                        change.resource,
-                        meta::namespace_of(&obj),
-                        meta::name_of(&obj),
-                    );
+                    if (change.group.as_str(), change.plural.as_str()) == crd_key {
+                        if change.deleted {
+                            catalog.remove(&obj);
+                        } else {
+                            catalog.sync(&obj);
+                        }
+                    }
+                    let Some(rs) = catalog.by_storage(&change.group, &change.plural) else {
+                        continue;
+                    };
+                    let key = Key::new(rs, meta::namespace_of(&obj), meta::name_of(&obj));
                     if change.deleted {
                         inner.objects.remove(&key);
                     } else {
@@ -242,11 +269,11 @@ impl Store {
         let key = Key::new(rs, ns, name);
         let current = inner.objects.get(&key).cloned();
         let change = decide(current.as_ref())?;
-        let not_found = || ApiError::not_found(rs.plural, name);
+        let not_found = || ApiError::not_found(rs.group, rs.plural, name);
         let result = match change {
             Change::Create(obj) => {
                 if current.is_some() {
-                    return Err(ApiError::already_exists(rs.plural, name));
+                    return Err(ApiError::already_exists(rs.group, rs.plural, name));
                 }
                 let obj = inner.prepare_create(rs, &key, obj)?;
                 if dry_run {
@@ -406,7 +433,7 @@ impl Inner {
         if rs.namespaced {
             let ns_key = Key::new(resources::namespaces(), "", &key.namespace);
             match self.objects.get(&ns_key) {
-                None => return Err(ApiError::not_found("namespaces", &key.namespace)),
+                None => return Err(ApiError::not_found("", "namespaces", &key.namespace)),
                 Some(ns) if ns.pointer("/metadata/deletionTimestamp").is_some() => {
                     return Err(ApiError::forbidden(format!(
                         "{} \"{}\" is forbidden: unable to create new content in namespace {} because it is being terminated",
@@ -480,7 +507,7 @@ impl Inner {
     }
 
     fn record(&mut self, rv: u64, kind: EventType, key: &Key, object: Value, prev: Option<Value>) {
-        let Some(resource) = resources::by_storage(key.group, key.plural) else {
+        let Some(resource) = self.catalog.by_storage(key.group, key.plural) else {
             return;
         };
         let event = Arc::new(Event {
@@ -546,7 +573,7 @@ fn prepare_update(
     let old_rv = meta::resource_version_of(old);
     let new_rv = meta::resource_version_of(&candidate);
     if !new_rv.is_empty() && new_rv != old_rv {
-        return Err(ApiError::conflict(rs.plural, name));
+        return Err(ApiError::conflict(rs.group, rs.plural, name));
     }
     let generation = old
         .pointer("/metadata/generation")
@@ -587,7 +614,7 @@ fn prepare_update(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::find;
+    use crate::resources::builtin as find;
 
     fn pods() -> &'static Resource {
         find("", "v1", "pods").unwrap()
@@ -600,7 +627,7 @@ mod tests {
 
     #[test]
     fn create_update_conflict_and_noop() {
-        let store = Store::open(None, 100, Default::default()).unwrap();
+        let store = Store::open(None, 100, Default::default(), Default::default()).unwrap();
         assert_eq!(create(&store, "nope", "a").unwrap_err().code, 404);
         let a = create(&store, "default", "a").unwrap();
         assert_eq!(create(&store, "default", "a").unwrap_err().code, 409);
@@ -636,7 +663,7 @@ mod tests {
 
     #[test]
     fn event_log_expires_old_versions() {
-        let store = Store::open(None, 2, Default::default()).unwrap();
+        let store = Store::open(None, 2, Default::default(), Default::default()).unwrap();
         let start = store.resource_version();
         for name in ["a", "b", "c"] {
             create(&store, "default", name).unwrap();
@@ -662,7 +689,13 @@ mod tests {
     fn namespace_termination_and_persistence() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
-        let store = Store::open(Some(path.clone()), 100, Default::default()).unwrap();
+        let store = Store::open(
+            Some(path.clone()),
+            100,
+            Default::default(),
+            Default::default(),
+        )
+        .unwrap();
         let ns = resources::namespaces();
         let demo = json!({"metadata": {"name": "demo"}});
         store
@@ -677,7 +710,7 @@ mod tests {
         let rv = store.resource_version();
         drop(store);
         // Reloaded: the Terminating namespace is finalized, versions continue.
-        let store = Store::open(Some(path), 100, Default::default()).unwrap();
+        let store = Store::open(Some(path), 100, Default::default(), Default::default()).unwrap();
         assert!(store.get(ns, "", "demo").is_none());
         assert!(store.get(pods(), "demo", "a").is_none());
         assert!(store.get(ns, "", "default").is_some());

@@ -3,6 +3,7 @@
 
 use serde_json::{json, Value};
 
+use super::crds::PrinterColumn;
 use super::meta;
 use super::resources::Resource;
 
@@ -165,27 +166,19 @@ fn columns(rs: &Resource) -> Vec<Column> {
 }
 
 /// A Table of `objects`; each row carries the full object (kubectl reads the namespace
-/// and labels from it for `-A`, `--show-labels` and `-L`).
-pub fn render(rs: &Resource, objects: &[Value], resource_version: &str) -> Value {
+/// and labels from it for `-A`, `--show-labels` and `-L`). A custom resource's table
+/// has its CRD's printer columns (`custom`), after the name.
+pub fn render(
+    rs: &Resource,
+    custom: Option<&[PrinterColumn]>,
+    objects: &[Value],
+    resource_version: &str,
+) -> Value {
     let cols = columns(rs);
-    let definitions: Vec<Value> = cols
-        .iter()
-        .map(|c| {
-            json!({
-                "name": c.name,
-                "type": c.kind,
-                "format": if c.name == "Name" { "name" } else { "" },
-                "description": "",
-                "priority": c.priority,
-            })
-        })
-        .collect();
-    let rows: Vec<Value> = objects
-        .iter()
-        .map(
-            |o| json!({"cells": cols.iter().map(|c| (c.cell)(o)).collect::<Vec<_>>(), "object": o}),
-        )
-        .collect();
+    let (definitions, rows) = match custom {
+        Some(printer) if !printer.is_empty() => custom_table(printer, objects),
+        _ => builtin_table(&cols, objects),
+    };
     json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
@@ -193,6 +186,116 @@ pub fn render(rs: &Resource, objects: &[Value], resource_version: &str) -> Value
         "columnDefinitions": definitions,
         "rows": rows,
     })
+}
+
+fn builtin_table(cols: &[Column], objects: &[Value]) -> (Vec<Value>, Vec<Value>) {
+    let definitions = cols
+        .iter()
+        .map(|c| definition(c.name, c.kind, c.priority as u64))
+        .collect();
+    let rows = objects
+        .iter()
+        .map(
+            |o| json!({"cells": cols.iter().map(|c| (c.cell)(o)).collect::<Vec<_>>(), "object": o}),
+        )
+        .collect();
+    (definitions, rows)
+}
+
+fn definition(name: &str, kind: &str, priority: u64) -> Value {
+    json!({
+        "name": name,
+        "type": kind,
+        "format": if name == "Name" { "name" } else { "" },
+        "description": "",
+        "priority": priority,
+    })
+}
+
+/// Name, then each printer column: its JSONPath's values joined by commas, a `date`
+/// shown as an age.
+fn custom_table(printer: &[PrinterColumn], objects: &[Value]) -> (Vec<Value>, Vec<Value>) {
+    let mut definitions = vec![definition("Name", "string", 0)];
+    definitions.extend(
+        printer
+            .iter()
+            .map(|c| definition(&c.name, &c.kind, c.priority)),
+    );
+    let rows = objects
+        .iter()
+        .map(|o| {
+            let mut cells = vec![json!(meta::name_of(o))];
+            for c in printer {
+                let found = json_path(o, &c.json_path);
+                cells.push(match (c.kind.as_str(), found.as_slice()) {
+                    (_, []) => Value::Null,
+                    ("date", [Value::String(t)]) => since(&json!({"t": t}), "/t"),
+                    (_, [one]) => one.clone(),
+                    (_, many) => json!(many
+                        .iter()
+                        .map(|v| v
+                            .as_str()
+                            .map(String::from)
+                            .unwrap_or_else(|| v.to_string()))
+                        .collect::<Vec<_>>()
+                        .join(",")),
+                });
+            }
+            json!({"cells": cells, "object": o})
+        })
+        .collect();
+    (definitions, rows)
+}
+
+/// The values a kubectl JSONPath selects: `.a.b`, `[0]`, `[*]` and filters of the
+/// form `[?(@.field=="value")]`, the forms printer columns use.
+fn json_path(obj: &Value, path: &str) -> Vec<Value> {
+    let mut current = vec![obj.clone()];
+    let mut rest = path.trim().trim_start_matches('{').trim_end_matches('}');
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix('.') {
+            let end = after.find(['.', '[']).unwrap_or(after.len());
+            let field = &after[..end];
+            current = current
+                .iter()
+                .filter_map(|v| v.get(field).cloned())
+                .collect();
+            rest = &after[end..];
+        } else if let Some(after) = rest.strip_prefix('[') {
+            let Some(end) = after.find(']') else {
+                return Vec::new();
+            };
+            let selector = &after[..end];
+            rest = &after[end + 1..];
+            let items = current
+                .iter()
+                .filter_map(Value::as_array)
+                .flatten()
+                .cloned();
+            current = if selector == "*" {
+                items.collect()
+            } else if let Ok(i) = selector.parse::<usize>() {
+                current
+                    .iter()
+                    .filter_map(|v| v.as_array().and_then(|a| a.get(i)).cloned())
+                    .collect()
+            } else if let Some((field, want)) = selector
+                .strip_prefix("?(@.")
+                .and_then(|f| f.strip_suffix(')'))
+                .and_then(|f| f.split_once("=="))
+            {
+                let want = want.trim().trim_matches('"').trim_matches('\'');
+                items
+                    .filter(|item| item.get(field.trim()).and_then(Value::as_str) == Some(want))
+                    .collect()
+            } else {
+                return Vec::new();
+            };
+        } else {
+            return Vec::new();
+        }
+    }
+    current
 }
 
 fn str_at(o: &Value, pointer: &str, default: &str) -> Value {
@@ -352,7 +455,7 @@ fn node_ready(o: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resources::find;
+    use crate::resources::builtin as find;
 
     #[test]
     fn pod_table() {
@@ -360,7 +463,7 @@ mod tests {
         let pod = json!({"metadata": {"name": "p", "creationTimestamp": meta::now_rfc3339()},
             "spec": {"containers": [{"name": "a"}], "nodeName": "node1"},
             "status": {"phase": "Running", "containerStatuses": [{"ready": true, "restartCount": 2}]}});
-        let t = render(pods, &[pod], "5");
+        let t = render(pods, None, &[pod], "5");
         assert_eq!(
             t["rows"][0]["cells"],
             json!(["p", "1/1", "Running", "2", "0s", "<none>", "node1"])
@@ -370,5 +473,38 @@ mod tests {
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
         ));
         assert!(!wants_table("application/json"));
+    }
+
+    #[test]
+    fn printer_columns_follow_their_json_paths() {
+        let column = |name: &str, kind: &str, path: &str| PrinterColumn {
+            name: name.into(),
+            kind: kind.into(),
+            json_path: path.into(),
+            priority: 0,
+        };
+        let gateway = json!({"metadata": {"name": "wp"},
+            "spec": {"gatewayClassName": "istio-waypoint"},
+            "status": {"addresses": [{"value": "10.96.0.9"}, {"value": "fd00::9"}],
+                       "conditions": [{"type": "Accepted", "status": "True"}, {"type": "Programmed", "status": "False"}]}});
+        let t = render(
+            find("", "v1", "pods").unwrap(),
+            Some(&[
+                column("Class", "string", ".spec.gatewayClassName"),
+                column("Address", "string", ".status.addresses[*].value"),
+                column(
+                    "Programmed",
+                    "string",
+                    ".status.conditions[?(@.type==\"Programmed\")].status",
+                ),
+                column("Missing", "string", ".spec.nothing"),
+            ]),
+            &[gateway],
+            "1",
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["wp", "istio-waypoint", "10.96.0.9,fd00::9", "False", null])
+        );
     }
 }

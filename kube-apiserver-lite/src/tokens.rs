@@ -283,7 +283,7 @@ fn uid_of(obj: &Value) -> &str {
 
 /// A core/v1 object from the store.
 fn get(store: &Store, plural: &str, ns: &str, name: &str) -> Option<Value> {
-    store.get(resources::find("", "v1", plural)?, ns, name)
+    store.get(resources::builtin("", "v1", plural)?, ns, name)
 }
 
 /// The claims a review reads; other claims are ignored.
@@ -403,7 +403,7 @@ pub(super) fn dispatch(ctx: &Ctx<'_>, method: &Method) -> Option<ApiResult<Respo
     if !token_request && r.rs.group != GROUP {
         return None;
     }
-    let not_found = || ApiError::path_not_found(r.rs.plural);
+    let not_found = ApiError::path_not_found;
     let result = match (token_request, r.rs.plural) {
         _ if method != Method::POST => Err(ApiError::method_not_allowed(method.as_str())),
         (true, _) => match (&r.namespace, &r.name) {
@@ -490,7 +490,7 @@ fn request_token(ctx: &Ctx<'_>, ns: &str, sa_name: &str) -> ApiResult<Response<B
     }
     let store = &ctx.shared.store;
     let account = get(store, "serviceaccounts", ns, sa_name)
-        .ok_or_else(|| ApiError::not_found("serviceaccounts", sa_name))?;
+        .ok_or_else(|| ApiError::not_found("", "serviceaccounts", sa_name))?;
     let signer = &ctx.shared.tokens;
     let audiences = spec
         .audiences
@@ -583,7 +583,7 @@ fn bound_pod(
         }
     }
     let pod =
-        get(store, "pods", ns, &r.name).ok_or_else(|| ApiError::not_found("pods", &r.name))?;
+        get(store, "pods", ns, &r.name).ok_or_else(|| ApiError::not_found("", "pods", &r.name))?;
     let pod_sa = pod
         .pointer("/spec/serviceAccountName")
         .or_else(|| pod.pointer("/spec/serviceAccount"))
@@ -604,7 +604,11 @@ fn bound_pod(
                 "Operation cannot be fulfilled on Pod {:?}: the UID in the bound object reference ({}) does not match the UID in record. The object might have been deleted and then recreated",
                 r.name, r.uid
             ),
-            details: Some((r.name.clone(), "Pod".into())),
+            details: Some(Box::new(crate::errors::Details {
+                name: r.name.clone(),
+                kind: "Pod".into(),
+                ..Default::default()
+            })),
         });
     }
     let node = pod
@@ -723,9 +727,9 @@ mod tests {
     use crate::store::Change;
 
     fn store_with(objects: &[(&str, &str, &str)]) -> Store {
-        let store = Store::open(None, 100, Default::default()).unwrap();
+        let store = Store::open(None, 100, Default::default(), Default::default()).unwrap();
         for (plural, ns, name) in objects {
-            let rs = resources::find("", "v1", plural).unwrap();
+            let rs = resources::builtin("", "v1", plural).unwrap();
             let obj = json!({"metadata": {"name": name}, "spec": {"serviceAccountName": "sa", "nodeName": "n1"}});
             store
                 .mutate(rs, ns, name, false, |_| Ok(Change::Create(obj)))

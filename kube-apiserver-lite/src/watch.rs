@@ -18,6 +18,7 @@ use hyper::body::Frame;
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
+use super::crds::PrinterColumn;
 use super::errors::ApiError;
 use super::handlers::present;
 use super::meta;
@@ -39,6 +40,8 @@ struct Watch {
     initial_events: bool,
     timeout: Duration,
     table: bool,
+    /// The CRD's printer columns, for a table of a custom resource.
+    columns: Option<Vec<PrinterColumn>>,
 }
 
 /// Starts a watch; the events flow from a task into the response body.
@@ -78,6 +81,10 @@ pub fn serve(
         initial_events: query.flag("sendInitialEvents"),
         timeout,
         table,
+        columns: shared
+            .catalog
+            .custom(rs.group, rs.plural)
+            .and_then(|c| c.version(version).map(|v| v.columns.clone())),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     shared.stats.watches.fetch_add(1, Ordering::Relaxed);
@@ -96,6 +103,7 @@ struct Closed;
 async fn run(shared: Arc<Shared>, w: Watch, mut tx: mpsc::Sender<Bytes>) {
     let mut shutdown = shared.shutdown.subscribe();
     let mut disconnect = shared.disconnect.subscribe();
+    let mut crds_changed = shared.crds_changed.subscribe();
     let mut paused = shared.paused.subscribe();
     // Held here while a test pauses watches; the client sees an open, silent stream.
     tokio::select! {
@@ -125,6 +133,9 @@ async fn run(shared: Arc<Shared>, w: Watch, mut tx: mpsc::Sender<Bytes>) {
     bookmark.tick().await;
     loop {
         tokio::select! {
+            // Events first: a CRD's deletion logs its objects' deletions before it
+            // ends the watch, and the client is to see them.
+            biased;
             received = rx.recv() => match received {
                 Ok(event) => {
                     if event.rv <= last_rv {
@@ -147,6 +158,12 @@ async fn run(shared: Arc<Shared>, w: Watch, mut tx: mpsc::Sender<Bytes>) {
             }
             _ = &mut deadline => return,
             _ = disconnect.changed() => return,
+            // The CRD behind this resource went away: the watch ends with it.
+            _ = crds_changed.changed() => {
+                if shared.catalog.find(w.rs.group, &w.version, w.rs.plural).is_none() {
+                    return;
+                }
+            }
             _ = super::until_true(&mut shutdown) => return,
         }
     }
@@ -215,7 +232,12 @@ async fn deliver(w: &Watch, event: &Event, tx: &mut mpsc::Sender<Bytes>) -> Resu
 fn event_json(w: &Watch, kind: EventType, obj: &Value) -> Value {
     let presented = present(w.rs, &w.version, obj);
     let object = if w.table {
-        table::render(w.rs, &[presented], meta::resource_version_of(obj))
+        table::render(
+            w.rs,
+            w.columns.as_deref(),
+            &[presented],
+            meta::resource_version_of(obj),
+        )
     } else {
         presented
     };

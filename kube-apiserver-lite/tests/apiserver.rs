@@ -16,8 +16,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams, WatchEvent, WatchParams,
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
@@ -241,28 +240,6 @@ async fn kube_client_crud_patches_and_status() {
         .await
         .unwrap();
     assert_eq!(replaced.labels().len(), 1);
-
-    // Istio AuthorizationPolicy, stored once, served as v1 and v1beta1.
-    let gvk = GroupVersionKind::gvk("security.istio.io", "v1", "AuthorizationPolicy");
-    let ar = ApiResource::from_gvk_with_plural(&gvk, "authorizationpolicies");
-    let policies: Api<DynamicObject> = Api::namespaced_with(client.clone(), "demo", &ar);
-    let policy: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
-        "metadata": {"name": "deny-all"}, "spec": {"action": "DENY", "rules": [{}]},
-    }))
-    .unwrap();
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    let beta = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("security.istio.io", "v1beta1", "AuthorizationPolicy"),
-        "authorizationpolicies",
-    );
-    let beta_policies: Api<DynamicObject> = Api::namespaced_with(client.clone(), "demo", &beta);
-    let seen = beta_policies.get("deny-all").await.unwrap();
-    assert_eq!(seen.types.unwrap().api_version, "security.istio.io/v1beta1");
-    assert_eq!(seen.data["spec"]["action"], "DENY");
 
     // Delete returns the object; the namespace goes Terminating, then takes its pods.
     let deleted = pods.delete("db", &DeleteParams::default()).await.unwrap();

@@ -1,14 +1,15 @@
 //! Test primitives shared by every crate's root tests: isolated network namespaces
 //! with guaranteed teardown ([`netns`], [`topology`]), child processes that die with
 //! the test ([`process`]), the owner marker and sweep of what a killed run left
-//! ([`owner`]), packet capture ([`capture`]), polling ([`poll`]) and golden files
-//! ([`golden`]).
+//! ([`owner`]), packet capture ([`capture`]), polling ([`poll`]), golden files
+//! ([`golden`]) and the CRDs the mesh ships ([`crds`]).
 //!
 //! Every object a test creates carries [`netns::PREFIX`] plus the test process id, so a
 //! later run can sweep what a crashed run left behind without touching anything else.
 //! This crate depends on no crate of the workspace: any crate may dev-depend on it.
 
 pub mod capture;
+pub mod crds;
 pub mod golden;
 pub mod http;
 pub mod netns;

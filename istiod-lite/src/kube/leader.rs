@@ -45,6 +45,28 @@ impl Settings {
     }
 }
 
+/// Runs `work` while this replica leads, and stops it as soon as it does not: two
+/// replicas never fight over the objects it writes.
+pub async fn while_leading<F, Fut>(
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+    mut work: F,
+) where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        if leading.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        let stop = shutdown.child_token();
+        tokio::select! {
+            () = work(stop.clone()) => return,
+            _ = leading.wait_for(|l| !*l) => stop.cancel(),
+        }
+    }
+}
+
 /// A unique identity for this process: `<pod>_<nanoseconds since the epoch, hex>`.
 pub fn identity(pod_name: &str) -> String {
     let nanos = std::time::SystemTime::now()

@@ -1,5 +1,6 @@
 //! What istiod-lite reads from the Kubernetes API.
 
+pub mod gateway_class;
 pub mod leader;
 pub mod pods;
 pub mod root_publisher;

@@ -11,32 +11,11 @@ use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use mesh_kube::watch::{events, updates, IfAbsent, Update};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub const ROOT_CONFIGMAP: &str = "istio-ca-root-cert";
 pub const ROOT_KEY: &str = "root-cert.pem";
 const FIELD_MANAGER: &str = "istiod-lite";
-
-/// Publishes while this replica leads (see [`super::leader`]), and stops as soon as
-/// it does not: two replicas never fight over the ConfigMaps.
-pub async fn run_while_leading(
-    client: Client,
-    root_pem: String,
-    mut leading: watch::Receiver<bool>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        if leading.wait_for(|l| *l).await.is_err() {
-            return;
-        }
-        let stop = shutdown.child_token();
-        tokio::select! {
-            () = run(client.clone(), root_pem.clone(), stop.clone()) => return,
-            _ = leading.wait_for(|l| !*l) => stop.cancel(),
-        }
-    }
-}
 
 /// Watches namespaces and the root ConfigMaps; writes only where the content differs.
 pub async fn run(client: Client, root_pem: String, shutdown: CancellationToken) {

@@ -62,6 +62,13 @@ pub struct Kubectl {
 impl Kubectl {
     /// Runs kubectl off the async runtime; returns stdout, panics with stderr on failure.
     pub async fn run(&self, args: &[&str]) -> String {
+        let (ok, stdout, stderr) = self.try_run(args).await;
+        assert!(ok, "kubectl {args:?} failed: {stderr}{stdout}");
+        stdout
+    }
+
+    /// Runs kubectl off the async runtime: (success, stdout, stderr).
+    pub async fn try_run(&self, args: &[&str]) -> (bool, String, String) {
         let mut cmd = Command::new(&self.bin);
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -72,13 +79,11 @@ impl Kubectl {
             .await
             .unwrap()
             .expect("run kubectl");
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
+        (
             output.status.success(),
-            "kubectl {args:?} failed: {}{stdout}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
     }
 }
 

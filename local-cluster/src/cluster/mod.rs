@@ -366,6 +366,13 @@ impl LocalCluster {
         if let MeshInstall::Charts(_) = install {
             return Ok(());
         }
+        // The CRDs `istioctl-lite install` would add: custom kinds are served only then.
+        for crd in test_support::crds::shipped()? {
+            api.create_if_absent(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                &crd,
+            )?;
+        }
         // `default` as the service account controller makes it (istioctl's XDS token).
         for sa in ["ztunnel", "default"] {
             api.create_if_absent(

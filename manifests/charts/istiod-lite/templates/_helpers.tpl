@@ -25,8 +25,11 @@ helm.sh/chart: {{ include "istiod.chart" . }}
 app: {{ include "istiod.name" . }}
 {{- end }}
 
+{{/* <hub>/<name>:<tag>, the tag defaulting to appVersion; <hub>/<name>@sha256:<hex> for a
+     bare digest (image.tag sha256:<hex>); <tag>@sha256:<hex> pins a tag to its digest. */}}
 {{- define "istiod.image" -}}
-{{ .Values.image.hub }}/{{ .Values.image.name }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion }}
+{{- .Values.image.hub }}/{{ .Values.image.name }}{{ ternary "@" ":" (hasPrefix "sha256:" $tag) }}{{ $tag }}
 {{- end }}
 
 {{/* CA_TRUSTED_NODE_ACCOUNTS: <namespace>/<service account> of ztunnel. */}}

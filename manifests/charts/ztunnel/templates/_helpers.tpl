@@ -24,8 +24,11 @@ helm.sh/chart: {{ include "ztunnel.chart" . }}
 app: {{ include "ztunnel.name" . }}
 {{- end }}
 
+{{/* <hub>/<name>:<tag>, the tag defaulting to appVersion; <hub>/<name>@sha256:<hex> for a
+     bare digest (image.tag sha256:<hex>); <tag>@sha256:<hex> pins a tag to its digest. */}}
 {{- define "ztunnel.image" -}}
-{{ .Values.image.hub }}/{{ .Values.image.name }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion }}
+{{- .Values.image.hub }}/{{ .Values.image.name }}{{ ternary "@" ":" (hasPrefix "sha256:" $tag) }}{{ $tag }}
 {{- end }}
 
 {{/* "true" when ztunnel reads the local config file (discovery.source local). */}}
