@@ -135,6 +135,13 @@ fn each_chart_defaults_to_the_workspace_version() {
         assert_eq!(values["image"]["hub"], "ghcr.io/ambient-rs");
         assert_eq!(values["image"]["name"], "ambient-rs");
     }
+    // The CRD chart has no image, but is released with the others.
+    let base: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo_root().join("manifests/charts/base/Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(base["version"], version, "base Chart.yaml version");
+    assert_eq!(base["appVersion"], version, "base Chart.yaml appVersion");
     if !test_support::prerequisite(
         Command::new("helm")
             .arg("version")
