@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use istiod_lite::kube::gateway_class::{self, MESH_CONTROLLER, WAYPOINT_CLASS};
+use istiod_lite::kube::gateway_class::{self, accepted, MESH_CONTROLLER, WAYPOINT_CLASS};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::Client;
@@ -17,18 +17,6 @@ const WAIT: Duration = Duration::from_secs(20);
 
 async fn class(api: &Api<DynamicObject>, name: &str) -> Option<DynamicObject> {
     api.get_opt(name).await.ok().flatten()
-}
-
-fn accepted(class: &DynamicObject) -> bool {
-    class.data["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| {
-            c["type"] == "Accepted"
-                && c["status"] == "True"
-                && c["observedGeneration"].as_i64() == class.metadata.generation
-        })
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ use kube::api::{
 };
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
-use kube_apiserver_lite::{write_kubeconfig, Options};
+use kube_apiserver_lite::Options;
 use serde_json::json;
 use test_support::process::ChildGuard;
 use tokio::sync::{mpsc, watch as state_channel};
@@ -563,13 +563,7 @@ async fn kubectl_get_label_annotate_apply_create_delete() {
     };
     let (control, client) = start(Options::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    write_kubeconfig(&kubeconfig, &control.url()).unwrap();
-    let k = Kubectl {
-        bin,
-        kubeconfig,
-        cache: dir.path().join("cache"),
-    };
+    let k = Kubectl::for_server(bin, &control.url(), dir.path());
     let manifest = dir.path().join("demo.yaml");
     std::fs::write(
         &manifest,

@@ -15,7 +15,7 @@ use kube::api::{
     PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::Client;
-use kube_apiserver_lite::{write_kubeconfig, Options};
+use kube_apiserver_lite::Options;
 use serde_json::{json, Value};
 
 const CRD_NAME: &str = "authorizationpolicies.security.istio.io";
@@ -421,13 +421,7 @@ async fn kubectl_sees_custom_kinds_as_on_a_real_cluster() {
     let (control, client) = start(Options::default()).await;
     create_namespace(&client).await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    write_kubeconfig(&kubeconfig, &control.url()).unwrap();
-    let k = Kubectl {
-        bin,
-        kubeconfig,
-        cache: dir.path().join("cache"),
-    };
+    let k = Kubectl::for_server(bin, &control.url(), dir.path());
     let manifest = dir.path().join("policy.yaml");
     std::fs::write(
         &manifest,

@@ -16,7 +16,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview, TokenRevie
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::Client;
-use kube_apiserver_lite::{write_kubeconfig, Options, DEFAULT_ISSUER};
+use kube_apiserver_lite::{Options, DEFAULT_ISSUER};
 use serde_json::{json, Value};
 use test_support::process::ChildGuard;
 
@@ -577,13 +577,7 @@ async fn kubectl_create_token_and_auth_whoami() {
     };
     let (control, client) = start(Options::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    write_kubeconfig(&kubeconfig, &control.url()).unwrap();
-    let k = Kubectl {
-        bin,
-        kubeconfig,
-        cache: dir.path().join("cache"),
-    };
+    let k = Kubectl::for_server(bin, &control.url(), dir.path());
     k.run(&["create", "serviceaccount", "app"]).await;
     let pod = create_pod(&client, "web", "app", "node1").await;
 

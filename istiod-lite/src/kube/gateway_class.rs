@@ -69,7 +69,7 @@ fn ours(class: &DynamicObject) -> bool {
 }
 
 /// Whether the class carries `Accepted=True` for its current generation.
-fn accepted(class: &DynamicObject) -> bool {
+pub fn accepted(class: &DynamicObject) -> bool {
     let generation = class.metadata.generation;
     class.data["status"]["conditions"]
         .as_array()

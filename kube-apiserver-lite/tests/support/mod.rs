@@ -2,7 +2,7 @@
 //! clients for it, the real binary's readiness, and a real kubectl.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -60,6 +60,17 @@ pub struct Kubectl {
 }
 
 impl Kubectl {
+    /// kubectl `bin` against the server at `url`, its kubeconfig and cache in `dir`.
+    pub fn for_server(bin: PathBuf, url: &str, dir: &Path) -> Self {
+        let kubeconfig = dir.join("kubeconfig");
+        kube_apiserver_lite::write_kubeconfig(&kubeconfig, url).expect("write kubeconfig");
+        Kubectl {
+            bin,
+            kubeconfig,
+            cache: dir.join("cache"),
+        }
+    }
+
     /// Runs kubectl off the async runtime; returns stdout, panics with stderr on failure.
     pub async fn run(&self, args: &[&str]) -> String {
         let (ok, stdout, stderr) = self.try_run(args).await;
