@@ -41,12 +41,5 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo not found: install Rust with rustup (https://rustup.rs), then rerun" >&2
   exit 1
 fi
-if ! cargo nextest --version >/dev/null 2>&1; then
-  echo "installing cargo-nextest from crates.io"
-  cargo install --locked cargo-nextest >/dev/null
-fi
-# make lint's license, ban and source checks (deny.toml).
-if ! cargo deny --version >/dev/null 2>&1; then
-  echo "installing cargo-deny from crates.io"
-  cargo install --locked cargo-deny >/dev/null
-fi
+# cargo-nextest (make test), cargo-deny (make lint) and cargo-fuzz (make fuzz), prebuilt.
+"$(dirname "$0")/install-cargo-tools.sh"

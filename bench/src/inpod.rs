@@ -156,7 +156,7 @@ fn pod_to_pod(plan: &Plan) -> Result<Vec<Figure>> {
     let pairs = [(&plain_client, &plain_server), (&client, &server)];
     for (from, to) in pairs {
         wait_for("the echo server", Duration::from_secs(10), || {
-            churn_to(&from.ns, &to.ip, ECHO_PORT, 1).ok()
+            churn_to(&from.ns, &to.ip, ECHO_PORT, 1, 64).ok()
         })?;
     }
 
@@ -164,7 +164,13 @@ fn pod_to_pod(plan: &Plan) -> Result<Vec<Figure>> {
     let (mut setup, mut round_trip) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     for _ in 0..ROUNDS {
         for (i, (from, to)) in pairs.iter().enumerate() {
-            let churn = churn_to(&from.ns, &to.ip, ECHO_PORT, (plan.churn / ROUNDS).max(1))?;
+            let churn = churn_to(
+                &from.ns,
+                &to.ip,
+                ECHO_PORT,
+                (plan.churn / ROUNDS).max(1),
+                64,
+            )?;
             setup[i].push(churn["p50_us"].as_f64().unwrap_or(0.0));
             let pings = ping_to(&from.ns, &to.ip, ECHO_PORT, (plan.pings / ROUNDS).max(1), 0)?;
             round_trip[i].push(pings["p50_us"].as_f64().unwrap_or(0.0));

@@ -338,7 +338,7 @@ fn the_rest(topology: &Standalone, plan: &Plan, rss_idle: u64) -> Result<Vec<Fig
     let (mut rate, mut p50) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
     for _ in 0..CHURN_ROUNDS {
         for (i, port) in [DIRECT_ECHO_PORT, ECHO_PORT].into_iter().enumerate() {
-            let result = churn(&topology.a, port, (plan.churn / CHURN_ROUNDS).max(1))?;
+            let result = churn(&topology.a, port, (plan.churn / CHURN_ROUNDS).max(1), 64)?;
             rate[i].push(result["connections_per_second"].as_f64().unwrap_or(0.0));
             p50[i].push(result["p50_us"].as_f64().unwrap_or(0.0));
         }
@@ -358,11 +358,19 @@ fn the_rest(topology: &Standalone, plan: &Plan, rss_idle: u64) -> Result<Vec<Fig
         "<= +150 µs",
     ));
 
+    figures.extend(churn_cpu(topology, plan)?);
+
     eprintln!(
         "pooling: {} concurrent connections to one destination...",
         plan.held
     );
+    let rss_before = pids.map(rss_kib);
     let (hbone_connections, rss_held) = hold(topology, plan.held)?;
+    let added_kib: u64 = rss_held
+        .iter()
+        .zip(rss_before)
+        .map(|(held, before)| held.saturating_sub(before))
+        .sum();
     figures.push(single(
         &format!("HBONE connections for {} user connections", plan.held),
         "conns",
@@ -378,10 +386,57 @@ fn the_rest(topology: &Standalone, plan: &Plan, rss_idle: u64) -> Result<Vec<Fig
     figures.push(single(
         &format!("ztunnel RSS with {} connections (client side)", plan.held),
         "MiB",
-        rss_held as f64 / 1024.0,
+        rss_held[0] as f64 / 1024.0,
         "",
     ));
+    figures.push(single(
+        "ztunnel RSS per 1000 idle long-lived connections (both ends)",
+        "MiB",
+        added_kib as f64 / 1024.0 * 1000.0 / plan.held as f64,
+        "<= 2 MiB",
+    ));
     Ok(figures)
+}
+
+/// CPU of new connections with 1 KiB each way, pool warm: the machine's for direct
+/// against mesh, and the two ztunnels' own. CPU-seconds per 1000 connections is the
+/// vCPU that 1000 new connections a second keep busy.
+fn churn_cpu(topology: &Standalone, plan: &Plan) -> Result<Vec<Figure>> {
+    const ROUNDS: usize = 3;
+    eprintln!(
+        "new connections with 1 KiB each way: {ROUNDS} rounds of {} each way...",
+        plan.churn
+    );
+    let pids = [topology.ztunnel_a.pid(), topology.ztunnel_b.pid()];
+    let ztunnel_ticks = || pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
+    let per_1000 = |ticks: u64| ticks as f64 / clock_ticks() * 1000.0 / plan.churn as f64;
+    let (mut machine, mut ztunnel) = ([Vec::new(), Vec::new()], Vec::new());
+    for _ in 0..ROUNDS {
+        for (i, port) in [DIRECT_ECHO_PORT, ECHO_PORT].into_iter().enumerate() {
+            let (busy, own) = (machine_busy_ticks(), ztunnel_ticks());
+            churn(&topology.a, port, plan.churn, 1024)?;
+            machine[i].push(per_1000(machine_busy_ticks() - busy));
+            if port == ECHO_PORT {
+                ztunnel.push(per_1000(ztunnel_ticks() - own));
+            }
+        }
+    }
+    let [direct, mesh] = machine;
+    Ok(vec![
+        ratio(
+            "machine CPU per 1000 new conn/s, 1 KiB each way",
+            "vCPU",
+            direct,
+            mesh,
+            "",
+        ),
+        single(
+            "ztunnel CPU per 1000 new conn/s, 1 KiB each way (both ends)",
+            "vCPU",
+            median(&ztunnel),
+            "<= 0.3 vCPU",
+        ),
+    ])
 }
 
 fn iperf_server(ns: &Netns, port: u16) -> Result<ChildGuard> {
@@ -443,16 +498,17 @@ pub(crate) fn ping_to(
     )
 }
 
-fn churn(a: &Netns, port: u16, count: u64) -> Result<serde_json::Value> {
-    churn_to(a, SERVER_IP, port, count)
+fn churn(a: &Netns, port: u16, count: u64, bytes: usize) -> Result<serde_json::Value> {
+    churn_to(a, SERVER_IP, port, count, bytes)
 }
 
-/// `e2e-app churn` from `ns`: `count` new connections, one 64-byte exchange each.
+/// `e2e-app churn` from `ns`: `count` new connections, one exchange of `bytes` each.
 pub(crate) fn churn_to(
     ns: &Netns,
     server: &str,
     port: u16,
     count: u64,
+    bytes: usize,
 ) -> Result<serde_json::Value> {
     app(
         ns,
@@ -462,6 +518,8 @@ pub(crate) fn churn_to(
             &format!("{server}:{port}"),
             "--count",
             &count.to_string(),
+            "--bytes",
+            &bytes.to_string(),
         ],
     )
 }
@@ -476,7 +534,9 @@ fn app(a: &Netns, args: &[&str]) -> Result<serde_json::Value> {
 
 /// Holds `count` mesh connections open; returns the HBONE connections A's ztunnel
 /// used for them and its RSS meanwhile.
-fn hold(topology: &Standalone, count: u64) -> Result<(usize, u64)> {
+/// Holds `count` connections open from A; the HBONE connections they use, and both
+/// ztunnels' RSS (KiB) meanwhile.
+fn hold(topology: &Standalone, count: u64) -> Result<(usize, [u64; 2])> {
     let binary = test_support::built_binary("e2e-app")?;
     let mut child = topology
         .a
@@ -512,7 +572,7 @@ fn hold(topology: &Standalone, count: u64) -> Result<(usize, u64)> {
             Some(out.lines().filter(|l| !l.trim().is_empty()).count())
         },
     )?;
-    let rss = rss_kib(topology.ztunnel_a.pid());
+    let rss = [topology.ztunnel_a.pid(), topology.ztunnel_b.pid()].map(rss_kib);
     let _ = child.kill();
     let _ = child.wait();
     Ok((hbone, rss))

@@ -1,4 +1,4 @@
-//! The `istio-cni` plugin's modules, as a library so the fuzz targets (`fuzz/`) reach
+//! The `istio-cni` plugin's modules, as a library so the fuzz targets (the workspace's `fuzz/`) reach
 //! the parsers of what the runtime and the agent hand us; `main.rs` is the binary.
 
 pub mod args;

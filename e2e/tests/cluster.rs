@@ -797,6 +797,27 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     send_ok(&c, "m", "client", &target, 20_000);
     assert_mtls(&c, 2, ("m", "client"), ("m", "server"), 30_000.0);
 
+    // A pod created during the outage, with an identity no ztunnel holds a leaf for,
+    // does not start uncaptured or unidentified: its ADD fails closed, saying why, and
+    // the kubelet retries it (istio/istio#54889: it must not wait forever either).
+    c.create_pod("m", "late", 2, "late", &[], IDLE).unwrap();
+    let refused = wait_for("the late pod's ADD refused", T, || {
+        let events = c.pod_events("m", "late").ok()?;
+        events
+            .into_iter()
+            .find(|(reason, _)| reason == "FailedCreatePodSandBox")
+    })
+    .unwrap();
+    assert!(
+        refused.1.contains("certificate"),
+        "the event says why: {}",
+        refused.1
+    );
+    assert!(
+        c.pod("m", "late").is_none(),
+        "an ambient pod started without its identity"
+    );
+
     // Node 1's ztunnel restarts during the outage: with no control plane it has
     // neither the mesh's workloads nor leaves, so it stays unready and serves no pod
     // (fail closed), as Istio's ztunnel waits for its first xDS sync.
@@ -821,6 +842,13 @@ fn ztunnels_get_certificates_from_istiod_and_ride_out_its_outage() {
     .unwrap_or_else(|e| panic!("{e}\n{}", c.node(2).logs()));
     send_ok(&c, "m", "client", &target, 5_000);
     assert!(fetched(&c) >= 1.0, "{}", c.node(1).logs());
+    // The pod created during the outage starts with the kubelet's next retry, with
+    // its own identity.
+    c.wait_pod_running("m", "late", Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.node(2).logs()));
+    c.wait_redirection("m", "late", Some("enabled"), T).unwrap();
+    send_ok(&c, "m", "late", &target, 3_000);
+    assert_mtls(&c, 2, ("m", "late"), ("m", "server"), 3_000.0);
 }
 
 /// `istioctl-lite proxy-status` over XDS, as an operator runs it: a token from a

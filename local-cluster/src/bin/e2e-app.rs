@@ -53,14 +53,16 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         interval_ms: u64,
     },
-    /// Opens and closes `count` connections one after another, each with one 64-byte
-    /// round trip to an echo server. Prints JSON with the rate and the setup latency
-    /// percentiles (µs, connect to first answer).
+    /// Opens and closes `count` connections one after another, each with one round
+    /// trip of `bytes` to an echo server. Prints JSON with the rate and the setup
+    /// latency percentiles (µs, connect to the whole answer).
     Churn {
         #[arg(long)]
         connect: SocketAddr,
         #[arg(long, default_value_t = 1000)]
         count: u64,
+        #[arg(long, default_value_t = 64)]
+        bytes: usize,
     },
     /// Holds `count` connections to an echo server open at once (one round trip
     /// each), prints "open" and keeps them until stdin closes or `hold_secs` pass.
@@ -125,7 +127,11 @@ fn main() -> Result<()> {
             size,
             interval_ms,
         } => ping(connect, count, size, interval_ms),
-        Cmd::Churn { connect, count } => churn(connect, count),
+        Cmd::Churn {
+            connect,
+            count,
+            bytes,
+        } => churn(connect, count, bytes),
         Cmd::Hold {
             connect,
             count,
@@ -293,9 +299,9 @@ fn percentiles(samples: &mut [u64]) -> serde_json::Value {
     serde_json::json!({"p50_us": pct(0.50), "p99_us": pct(0.99), "p999_us": pct(0.999)})
 }
 
-fn churn(connect: SocketAddr, count: u64) -> Result<()> {
-    let message = [0x5au8; 64];
-    let mut reply = [0u8; 64];
+fn churn(connect: SocketAddr, count: u64, bytes: usize) -> Result<()> {
+    let message = vec![0x5au8; bytes];
+    let mut reply = vec![0u8; bytes];
     let mut samples = Vec::with_capacity(count as usize);
     let started = Instant::now();
     for _ in 0..count {

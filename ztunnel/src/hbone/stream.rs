@@ -1,5 +1,6 @@
 //! Copying between a TCP socket and an HTTP/2 stream, both directions at once, with
-//! half-close carried across (TCP FIN <-> HTTP/2 END_STREAM).
+//! half-close carried across (TCP FIN <-> HTTP/2 END_STREAM) and an abort carried
+//! across as an abort (TCP RST <-> HTTP/2 RST_STREAM).
 
 use std::future::poll_fn;
 use std::io;
@@ -11,6 +12,7 @@ use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Read buffer sizes from the TCP side. A connection starts small (idle
@@ -123,6 +125,14 @@ where
             Err(e)
         }
     }
+}
+
+/// Makes closing `tcp` send an RST instead of a FIN. For a copy that failed: the
+/// other end was reset, or bytes were lost, and a FIN would tell the app that every
+/// byte arrived and the peer closed cleanly.
+pub fn reset_on_close(tcp: &TcpStream) {
+    // Fails only on a socket that is already gone, which sends nothing anyway.
+    let _ = socket2::SockRef::from(tcp).set_linger(Some(Duration::ZERO));
 }
 
 /// When a copy last moved data, for its idle timeout.

@@ -19,7 +19,7 @@ use super::connections::{ConnectionDump, Direction, Shown};
 use super::result::{ConnectionResult, Endpoints};
 use super::{OwnPorts, ProxyInputs};
 use crate::hbone::server::{respond_status, serve_connection};
-use crate::hbone::stream::{copy_bidirectional, H2Stream};
+use crate::hbone::stream::{copy_bidirectional, reset_on_close, H2Stream};
 use crate::hbone::{
     HANDSHAKE_TIMEOUT, STREAM_IDLE_TIMEOUT, TLS_READ_BUFFER, TLS_SEND_BUFFER_LIMIT,
 };
@@ -258,20 +258,20 @@ impl Inbound {
         // opened from inside that pod's namespace. The `forwarded` header is not
         // trusted for this, so a peer cannot make us spoof an arbitrary address.
         let source_ip = self.inputs.transparent_inbound.then_some(peer.addr.ip());
-        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await
-        {
-            Ok(upstream) => upstream,
-            Err(e) => {
-                info!(%target, error = %e, "upstream connect failed");
-                let labels = labels.with_flags(ResponseFlags::ConnectFailure);
-                ConnectionResult::failed(metrics, ends, labels, &e);
-                return refuse(
-                    &mut respond,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "upstream_connect",
-                );
-            }
-        };
+        let mut upstream =
+            match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await {
+                Ok(upstream) => upstream,
+                Err(e) => {
+                    info!(%target, error = %e, "upstream connect failed");
+                    let labels = labels.with_flags(ResponseFlags::ConnectFailure);
+                    ConnectionResult::failed(metrics, ends, labels, &e);
+                    return refuse(
+                        &mut respond,
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "upstream_connect",
+                    );
+                }
+            };
         let response = http::Response::new(());
         let send = match respond.send_response(response, false) {
             Ok(send) => send,
@@ -296,7 +296,7 @@ impl Inbound {
         let result = ConnectionResult::open(&self.inputs.metrics, ends, labels);
         let stream = H2Stream::new(send, request.into_body());
         let outcome = tokio::select! {
-            copied = copy_bidirectional(upstream, stream, &result.sent, &result.received, Some(STREAM_IDLE_TIMEOUT)) => match copied {
+            copied = copy_bidirectional(&mut upstream, stream, &result.sent, &result.received, Some(STREAM_IDLE_TIMEOUT)) => match copied {
                 Ok(_) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     info!(%target, src = %peer.identity, error = %e, "connection closed: idle");
@@ -310,6 +310,9 @@ impl Inbound {
                 Err("connection closed due to policy change".to_owned())
             }
         };
+        if outcome.is_err() {
+            reset_on_close(&upstream);
+        }
         result.record(outcome);
     }
 }

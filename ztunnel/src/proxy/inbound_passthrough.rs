@@ -10,7 +10,7 @@ use tracing::{debug, info};
 use super::connections::{ConnectionDump, Direction, Shown};
 use super::result::{ConnectionResult, Endpoints};
 use super::ProxyInputs;
-use crate::hbone::stream::copy_tcp;
+use crate::hbone::stream::{copy_tcp, reset_on_close};
 use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
 use crate::state::policy::ConnectionAttrs;
@@ -43,7 +43,7 @@ impl InboundPassthrough {
     /// Proxies a redirected connection whose original destination was `target`.
     /// (Tests call it with a destination of their choosing: a real one takes an
     /// iptables REDIRECT, i.e. root.)
-    async fn proxy(&self, client: TcpStream, peer: SocketAddr, target: SocketAddr) {
+    async fn proxy(&self, mut client: TcpStream, peer: SocketAddr, target: SocketAddr) {
         let metrics = &self.inputs.metrics;
         if self.inputs.own_ports.contains(target.port()) {
             info!(%target, src = %peer, "refusing plaintext connection to a ztunnel port");
@@ -95,16 +95,16 @@ impl InboundPassthrough {
             return;
         }
         let source_ip = self.inputs.transparent_inbound.then_some(peer.ip());
-        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await
-        {
-            Ok(upstream) => upstream,
-            Err(e) => {
-                debug!(%target, error = %e, "upstream connect failed");
-                let labels = labels.with_flags(ResponseFlags::ConnectFailure);
-                ConnectionResult::failed(metrics, ends, labels, &e);
-                return;
-            }
-        };
+        let mut upstream =
+            match socket::connect(self.inputs.sockets.as_ref(), target, source_ip).await {
+                Ok(upstream) => upstream,
+                Err(e) => {
+                    debug!(%target, error = %e, "upstream connect failed");
+                    let labels = labels.with_flags(ResponseFlags::ConnectFailure);
+                    ConnectionResult::failed(metrics, ends, labels, &e);
+                    return;
+                }
+            };
         let registration = self.inputs.connections.track(
             Some(attrs),
             Some(Shown {
@@ -120,7 +120,7 @@ impl InboundPassthrough {
         );
         let result = ConnectionResult::open(&self.inputs.metrics, ends, labels);
         let outcome = tokio::select! {
-            copied = copy_tcp(client, upstream, &result.received, &result.sent) => {
+            copied = copy_tcp(&mut client, &mut upstream, &result.received, &result.sent) => {
                 copied.map(drop).map_err(|e| e.to_string())
             }
             () = registration.revoked.cancelled() => {
@@ -128,6 +128,10 @@ impl InboundPassthrough {
                 Err("connection closed due to policy change".to_owned())
             }
         };
+        if outcome.is_err() {
+            reset_on_close(&client);
+            reset_on_close(&upstream);
+        }
         result.record(outcome);
     }
 }

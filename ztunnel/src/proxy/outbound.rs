@@ -14,7 +14,7 @@ use super::result::{ConnectionResult, Endpoints};
 use super::ProxyInputs;
 use crate::hbone::early::EarlyData;
 use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
-use crate::hbone::stream::{copy_bidirectional, copy_tcp};
+use crate::hbone::stream::{copy_bidirectional, copy_tcp, reset_on_close};
 use crate::identity::Identity;
 use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
@@ -306,9 +306,11 @@ impl Outbound {
         let _shown = self.show(peer, orig_dst, target, "HBONE");
         let result = ConnectionResult::open(&self.inputs.metrics, ends, labels);
         result.received.add(early_bytes);
-        let copied = copy_bidirectional(client, stream, &result.received, &result.sent, None).await;
+        let copied =
+            copy_bidirectional(&mut client, stream, &result.received, &result.sent, None).await;
         if let Err(e) = &copied {
             debug!(dst = %target, error = %e, "connection ended with an error");
+            reset_on_close(&client);
         }
         result.record(copied.map(drop));
     }
@@ -339,13 +341,13 @@ impl Outbound {
 
     async fn passthrough(
         &self,
-        client: TcpStream,
+        mut client: TcpStream,
         orig_dst: SocketAddr,
         ends: Endpoints,
         labels: TrafficLabels,
     ) {
         let target = ends.dst;
-        let upstream = match socket::connect(self.inputs.sockets.as_ref(), target, None).await {
+        let mut upstream = match socket::connect(self.inputs.sockets.as_ref(), target, None).await {
             Ok(upstream) => upstream,
             Err(e) => {
                 debug!(dst = %target, error = %e, "passthrough connect failed");
@@ -356,9 +358,11 @@ impl Outbound {
         };
         let _shown = self.show(ends.src, orig_dst, target, "TCP");
         let result = ConnectionResult::open(&self.inputs.metrics, ends, labels);
-        let copied = copy_tcp(client, upstream, &result.received, &result.sent).await;
+        let copied = copy_tcp(&mut client, &mut upstream, &result.received, &result.sent).await;
         if let Err(e) = &copied {
             debug!(dst = %target, error = %e, "passthrough ended with an error");
+            reset_on_close(&client);
+            reset_on_close(&upstream);
         }
         result.record(copied.map(drop));
     }

@@ -45,7 +45,7 @@ fn encode(request: &Request) -> Vec<u8> {
 fn same(a: &Request, b: &Request) -> bool {
     match (a, b) {
         (Request::Add { uid, info, netns }, Request::Add { uid: u, info: i, netns: n }) => {
-            uid == u && info == i && netns.inode == n.inode
+            uid == u && info == i && netns.inode() == n.inode()
         }
         (Request::Keep { uid }, Request::Keep { uid: u }) => uid == u,
         (Request::Del { uid }, Request::Del { uid: u }) => uid == u,

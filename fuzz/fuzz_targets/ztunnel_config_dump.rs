@@ -8,7 +8,7 @@
 
 #![no_main]
 
-#[path = "../../src/configdump.rs"]
+#[path = "../../istioctl-lite/src/configdump.rs"]
 #[allow(dead_code)]
 mod configdump;
 
