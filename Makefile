@@ -29,9 +29,14 @@ test: setup build
 # rustfmt, clippy (warnings are errors; the library crates also document every public
 # item), and cargo-deny's license, ban and source checks (deny.toml). cargo-deny comes
 # prebuilt (scripts/install-cargo-tools.sh, which scripts/setup.sh runs).
+# The fuzz targets (their own cargo-fuzz crate) are formatted and linted too, on the
+# stable toolchain and in the workspace's target dir, where their dependencies are
+# already checked: so CI knows they still build without a sanitizer build.
 lint:
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --target-dir target --bins -- -D warnings
 	$(CARGO) deny check licenses bans sources
 
 fmt:

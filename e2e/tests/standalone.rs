@@ -339,7 +339,15 @@ fn fin_crosses_the_mesh_as_fin_and_rst_as_rst() -> Result<()> {
     }
     // Both ztunnels end their copies once both directions are closed; an RST from
     // either (or from a kernel answering a socket ztunnel dropped early) shows here.
-    std::thread::sleep(Duration::from_millis(500));
+    for ztunnel in [&mesh.a, &mesh.b] {
+        // The set-up's connection and these two.
+        wait_for("every connection closed", Duration::from_secs(10), || {
+            let text = ztunnel_metrics(ztunnel).ok()?;
+            let count = |name| metric_sum(&text, name, &[]);
+            let opened = count("istio_tcp_connections_opened_total");
+            (opened >= 3.0 && count("istio_tcp_connections_closed_total") == opened).then_some(())
+        })?;
+    }
     assert_eq!(
         [tcp_resets_sent(&mesh.a)?, tcp_resets_sent(&mesh.b)?],
         resets_before,

@@ -17,7 +17,9 @@ fuzz_target!(|data: &[u8]| {
     let valid = validate(&event);
     match &valid {
         Ok(()) => assert!(
-            !event.pod_name.is_empty() && !event.pod_namespace.is_empty() && !event.netns.is_empty()
+            !event.pod_name.is_empty()
+                && !event.pod_namespace.is_empty()
+                && !event.netns.is_empty()
         ),
         Err(reason) => assert!(reason.starts_with("missing "), "{reason}"),
     }

@@ -32,7 +32,8 @@ fuzz_target!(|data: &[u8]| {
         assert!(!value.contains('='), "accepted {pair:?}");
         match key {
             "IgnoreUnknown" => {
-                expected.ignore_unknown = matches!(value.to_ascii_lowercase().as_str(), "1" | "true")
+                expected.ignore_unknown =
+                    matches!(value.to_ascii_lowercase().as_str(), "1" | "true")
             }
             "K8S_POD_NAME" => expected.pod_name = value.into(),
             "K8S_POD_NAMESPACE" => expected.pod_namespace = value.into(),
@@ -42,7 +43,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     assert_eq!(a, expected);
-    assert!(!unknown || a.ignore_unknown, "unknown keys accepted without IgnoreUnknown");
+    assert!(
+        !unknown || a.ignore_unknown,
+        "unknown keys accepted without IgnoreUnknown"
+    );
     match a.pod() {
         Some(pod) => assert_eq!(pod, format!("{}/{}", a.pod_namespace, a.pod_name)),
         None => assert!(a.pod_name.is_empty() || a.pod_namespace.is_empty()),

@@ -21,7 +21,11 @@ fn ours(plugin: &Value) -> bool {
 
 fuzz_target!(|input: &[u8]| {
     let [kind, data @ ..] = input else { return };
-    let path = Path::new(if kind % 2 == 0 { "/etc/cni/net.d/10-x.conflist" } else { "/etc/cni/net.d/10-x.conf" });
+    let path = Path::new(if kind % 2 == 0 {
+        "/etc/cni/net.d/10-x.conflist"
+    } else {
+        "/etc/cni/net.d/10-x.conf"
+    });
     let Ok(file) = parse(path, data) else { return };
     let settings = PluginSettings {
         log_level: "info".into(),
@@ -47,9 +51,17 @@ fuzz_target!(|input: &[u8]| {
 
     // Without our entry: every other plugin, in order.
     let others = |list: &Value| -> Vec<Value> {
-        list["plugins"].as_array().unwrap().iter().filter(|p| !ours(p)).cloned().collect()
+        list["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| !ours(p))
+            .cloned()
+            .collect()
     };
-    let without = chained.without_entry().expect("our entry is there to remove");
+    let without = chained
+        .without_entry()
+        .expect("our entry is there to remove");
     assert_eq!(others(&without), others(&written));
     assert!(!without["plugins"].as_array().unwrap().iter().any(ours));
     match file.kind {

@@ -11,9 +11,9 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use mesh_ca::csr::MAX_CSR_PEM_BYTES;
 use mesh_ca::{pem_encode, CertificateAuthority, CertificateRequest};
-use shared_types::identity::Identity;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateSigningRequestDer;
+use shared_types::identity::Identity;
 use x509_parser::certificate::X509Certificate;
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::prelude::FromDer;
@@ -32,9 +32,13 @@ fn accepted(der: &[u8], request: &CertificateRequest) {
     assert!(der.len() <= MAX_CSR_PEM_BYTES);
     let (rest, csr) = X509CertificationRequest::from_der(der).expect("accepted DER parses");
     assert!(rest.is_empty());
-    csr.verify_signature().expect("an accepted signature verifies");
+    csr.verify_signature()
+        .expect("an accepted signature verifies");
     for uri in request.requested_uris() {
-        assert!(contains(der, uri.as_bytes()), "{uri:?} is not in the request");
+        assert!(
+            contains(der, uri.as_bytes()),
+            "{uri:?} is not in the request"
+        );
     }
     let spki = &csr.certification_request_info.subject_pki;
 
@@ -45,7 +49,10 @@ fn accepted(der: &[u8], request: &CertificateRequest) {
     let (_, leaf) = X509Certificate::from_der(issued.chain[0].as_ref()).expect("the leaf parses");
     let key = &leaf.tbs_certificate.subject_pki;
     assert_eq!(key.algorithm.algorithm, spki.algorithm.algorithm);
-    assert_eq!(key.subject_public_key.data, spki.subject_public_key.data, "another key");
+    assert_eq!(
+        key.subject_public_key.data, spki.subject_public_key.data,
+        "another key"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {

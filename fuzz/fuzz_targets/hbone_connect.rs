@@ -20,7 +20,10 @@ use ztunnel::proxy::OwnPorts;
 fn request(head: &httparse::Request<'_, '_>, h2_style: bool) -> Option<Request<()>> {
     let target = head.path?;
     let uri = if h2_style {
-        let host = head.headers.iter().find(|h| h.name.eq_ignore_ascii_case("host"))?;
+        let host = head
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("host"))?;
         Uri::builder()
             .scheme("https")
             .authority(host.value)
@@ -51,18 +54,30 @@ fuzz_target!(|input: &[u8]| {
     if head.parse(bytes).is_err() {
         return;
     }
-    let Some(request) = request(&head, choice & 0x80 != 0) else { return };
+    let Some(request) = request(&head, choice & 0x80 != 0) else {
+        return;
+    };
     let own_ports = OwnPorts::new([16008]);
 
     match connect_target(&request, local, &own_ports) {
         Ok(target) => {
             assert_eq!(request.method(), Method::CONNECT);
-            assert_eq!(target.ip(), local.ip(), "a target the connection did not reach");
-            assert!(!own_ports.contains(target.port()), "a CONNECT to ztunnel's port {target}");
+            assert_eq!(
+                target.ip(),
+                local.ip(),
+                "a target the connection did not reach"
+            );
+            assert!(
+                !own_ports.contains(target.port()),
+                "a CONNECT to ztunnel's port {target}"
+            );
             // The target is exactly what the authority says.
             let authority = request.uri().authority().expect("an authority").as_str();
             let said: SocketAddr = authority.parse().expect("the authority is ip:port");
-            assert_eq!((said.ip().to_canonical(), said.port()), (target.ip(), target.port()));
+            assert_eq!(
+                (said.ip().to_canonical(), said.port()),
+                (target.ip(), target.port())
+            );
         }
         Err((status, reason)) => {
             let expected = match reason {

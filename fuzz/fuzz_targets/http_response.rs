@@ -66,7 +66,11 @@ fuzz_target!(|input: &[u8]| {
         return;
     };
     let max_response = usize::from(u16::from_le_bytes([*lo, *hi]));
-    let piece = if *piece == 0 { usize::MAX } else { usize::from(*piece) };
+    let piece = if *piece == 0 {
+        usize::MAX
+    } else {
+        usize::from(*piece)
+    };
     let limits = Limits {
         connect: Duration::from_secs(3600),
         total: Duration::from_secs(3600),
@@ -88,7 +92,11 @@ fuzz_target!(|input: &[u8]| {
     };
     assert_eq!(response.status, head.code.unwrap_or(0));
     let cap = max_response.saturating_sub(header_len);
-    assert!(response.body.len() <= cap, "{} bytes kept, limit {cap}", response.body.len());
+    assert!(
+        response.body.len() <= cap,
+        "{} bytes kept, limit {cap}",
+        response.body.len()
+    );
     let rest = &data[header_len..];
     match framing(head.headers) {
         Framing::Length(n) => {

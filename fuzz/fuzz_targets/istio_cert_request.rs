@@ -9,14 +9,16 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use shared_types::istio::ca::{IstioCertificateRequest, MAX_REQUEST_BYTES, IMPERSONATED_IDENTITY};
+use shared_types::istio::ca::{IstioCertificateRequest, IMPERSONATED_IDENTITY, MAX_REQUEST_BYTES};
 
 fuzz_target!(|data: &[u8]| {
     // tonic refuses larger messages before decoding.
     if data.len() > MAX_REQUEST_BYTES {
         return;
     }
-    let Ok(request) = IstioCertificateRequest::decode(data) else { return };
+    let Ok(request) = IstioCertificateRequest::decode(data) else {
+        return;
+    };
     let identity = request.impersonated_identity();
     if let Some(id) = identity {
         let field = &request.metadata.as_ref().unwrap().fields[IMPERSONATED_IDENTITY];
@@ -31,5 +33,8 @@ fuzz_target!(|data: &[u8]| {
     let again = IstioCertificateRequest::decode(bytes.as_slice()).expect("our encoding decodes");
     assert_eq!(again.encode_to_vec(), bytes, "encoding is not stable");
     assert_eq!(again.impersonated_identity(), identity);
-    assert_eq!((&again.csr, again.validity_duration), (&request.csr, request.validity_duration));
+    assert_eq!(
+        (&again.csr, again.validity_duration),
+        (&request.csr, request.validity_duration)
+    );
 });

@@ -12,8 +12,12 @@ use ztunnel::discovery::waypoints;
 
 fuzz_target!(|data: &[u8]| {
     // A reload reads the file as UTF-8 first.
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(state) = parse_local_config(text) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(state) = parse_local_config(text) else {
+        return;
+    };
     for w in state.workloads() {
         assert!(!w.namespace.is_empty() && !w.uid.is_empty(), "{w:?}");
     }

@@ -60,7 +60,11 @@ fuzz_target!(|data: &[u8]| {
         let out = parsed.clone().convert(target);
         assert_eq!(out.cni_version, target.as_str());
         for ip in out.ips.iter().flatten() {
-            assert_eq!(ip.version.is_some(), target.is_legacy(), "{ip:?} in {target}");
+            assert_eq!(
+                ip.version.is_some(),
+                target.is_legacy(),
+                "{ip:?} in {target}"
+            );
         }
         if target.is_legacy() {
             for intf in out.interfaces.iter().flatten() {
@@ -85,6 +89,10 @@ fuzz_target!(|data: &[u8]| {
                 (intf.mtu, intf.socket_path, intf.pci_id) = (None, None, None);
             }
         }
-        assert_eq!(out.convert(source), expected, "{source} -> {target} -> {source}");
+        assert_eq!(
+            out.convert(source),
+            expected,
+            "{source} -> {target} -> {source}"
+        );
     }
 });

@@ -7,11 +7,11 @@
 
 #![no_main]
 
+use libfuzzer_sys::fuzz_target;
 use redirection::nft::istio_tables::inpod_tables;
 use redirection::nft::ruleset::rule_exprs;
 use redirection::nft::wire::{parse_attrs, parse_replies, Attr, Value};
 use redirection::rules::InpodRules;
-use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let tables = inpod_tables(&InpodRules {
@@ -45,8 +45,7 @@ fuzz_target!(|data: &[u8]| {
 
 /// One attribute as the kernel would put it on the wire.
 fn encode(attr: &Attr) -> Vec<u8> {
-    let msg =
-        redirection::nft::wire::encode_message(0, 0, 0, 0, std::slice::from_ref(attr));
+    let msg = redirection::nft::wire::encode_message(0, 0, 0, 0, std::slice::from_ref(attr));
     // Skip nlmsghdr (16) and nfgenmsg (4).
     msg[20..].to_vec()
 }

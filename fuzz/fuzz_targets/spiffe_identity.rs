@@ -9,8 +9,12 @@ use libfuzzer_sys::fuzz_target;
 use shared_types::identity::Identity;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(id) = text.parse::<Identity>() else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(id) = text.parse::<Identity>() else {
+        return;
+    };
     assert_eq!(id.to_uri(), text);
     assert_eq!(id.to_string(), text);
     assert_eq!(format!("spiffe://{}", id.principal()), text);

@@ -62,7 +62,10 @@ fuzz_target!(|input: &[u8]| {
     }
     let after = resources.versions(&type_url);
     for name in after.keys() {
-        assert!(names.contains(name) || before.contains_key(name), "{name} appeared");
+        assert!(
+            names.contains(name) || before.contains_key(name),
+            "{name} appeared"
+        );
     }
     for name in &removed {
         assert!(!after.contains_key(name), "{name} was removed yet is held");

@@ -34,7 +34,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(response, WorkloadResponse::nack(reason.clone()));
             let bytes = response.encode_to_vec();
             assert_eq!(decode_answer(&bytes), Err(ZdsError::Nack(reason)));
-            assert_eq!(WorkloadResponse::decode(bytes.as_slice()).as_ref(), Ok(&response));
+            assert_eq!(
+                WorkloadResponse::decode(bytes.as_slice()).as_ref(),
+                Ok(&response)
+            );
         }
         Err(ZdsError::Io(_)) => {}
         Err(e) => panic!("decoding cannot time out or find no connection: {e:?}"),

@@ -44,9 +44,14 @@ fn encode(request: &Request) -> Vec<u8> {
 
 fn same(a: &Request, b: &Request) -> bool {
     match (a, b) {
-        (Request::Add { uid, info, netns }, Request::Add { uid: u, info: i, netns: n }) => {
-            uid == u && info == i && netns.inode() == n.inode()
-        }
+        (
+            Request::Add { uid, info, netns },
+            Request::Add {
+                uid: u,
+                info: i,
+                netns: n,
+            },
+        ) => uid == u && info == i && netns.inode() == n.inode(),
         (Request::Keep { uid }, Request::Keep { uid: u }) => uid == u,
         (Request::Del { uid }, Request::Del { uid: u }) => uid == u,
         (Request::SnapshotSent, Request::SnapshotSent) => true,

@@ -16,7 +16,9 @@ use configdump::Dump;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     let Ok(dump) = Dump::parse(text) else { return };
     let written = serde_json::to_string(&dump).expect("a dump serializes");
     let again = Dump::parse(&written).expect("a written dump reads back");

@@ -11,13 +11,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// Read buffer sizes from the TCP side. A connection starts small (idle
-/// connections cost little) and doubles its buffer while reads keep filling it, so
-/// a bulk transfer soon moves 256 KiB per syscall.
+/// Read buffer sizes from the TCP side. A read takes its buffer only once the socket
+/// is readable (an idle connection holds none), starting small and doubling while
+/// reads keep filling it, so a bulk transfer soon moves 256 KiB per syscall.
 const MIN_READ: usize = 16 * 1024;
 const MAX_READ: usize = 256 * 1024;
 /// Largest DATA frame we send. The peer allows 1 MiB, but a frame is one
@@ -83,25 +83,22 @@ pub struct Transferred {
 /// so metrics of a long-lived connection move while it is open. With `idle_timeout`,
 /// a copy that moves no byte either way for that long ends with `TimedOut`. On error
 /// the stream is reset so the peer does not wait for data that will never come.
-pub async fn copy_bidirectional<T>(
-    tcp: T,
+pub async fn copy_bidirectional(
+    tcp: &mut TcpStream,
     stream: H2Stream,
     tcp_to_stream: &ByteTally,
     stream_to_tcp: &ByteTally,
     idle_timeout: Option<Duration>,
-) -> io::Result<Transferred>
-where
-    T: AsyncRead + AsyncWrite + Unpin,
-{
+) -> io::Result<Transferred> {
     let H2Stream {
         mut send,
         mut recv,
         _lease,
     } = stream;
-    let (mut reader, mut writer) = tokio::io::split(tcp);
+    let (reader, mut writer) = tcp.split();
     let activity = Activity::new();
     let result = {
-        let up = tcp_to_h2(&mut reader, &mut send, tcp_to_stream, &activity);
+        let up = tcp_to_h2(reader.as_ref(), &mut send, tcp_to_stream, &activity);
         let down = h2_to_tcp(&mut recv, &mut writer, stream_to_tcp, &activity);
         let copy = async { tokio::try_join!(up, down) };
         match idle_timeout {
@@ -168,18 +165,32 @@ impl Activity {
     }
 }
 
-async fn tcp_to_h2<R: AsyncRead + Unpin>(
-    reader: &mut R,
+/// Waits until `tcp` is readable, then reads into a fresh buffer of `size` bytes:
+/// between reads the connection holds no buffer. 0 bytes is the peer's FIN.
+async fn read_fresh(tcp: &TcpStream, size: usize) -> io::Result<BytesMut> {
+    loop {
+        tcp.readable().await?;
+        let mut buf = BytesMut::with_capacity(size);
+        match tcp.try_read_buf(&mut buf) {
+            Ok(_) => return Ok(buf),
+            // A readiness the kernel took back (another wakeup raced us): wait again.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn tcp_to_h2(
+    tcp: &TcpStream,
     send: &mut SendStream<Bytes>,
     counter: &ByteTally,
     activity: &Activity,
 ) -> io::Result<u64> {
     let mut size = MIN_READ;
-    let mut buf = BytesMut::new();
     let mut total = 0u64;
     loop {
-        buf.reserve(size);
-        let n = reader.read_buf(&mut buf).await?;
+        let buf = read_fresh(tcp, size).await?;
+        let n = buf.len();
         if n == 0 {
             // TCP FIN becomes END_STREAM: the peer half-closes its upstream.
             send.send_data(Bytes::new(), true).map_err(h2_to_io)?;
@@ -189,7 +200,7 @@ async fn tcp_to_h2<R: AsyncRead + Unpin>(
         total += n as u64;
         counter.add(n as u64);
         activity.touch();
-        let mut data = buf.split().freeze();
+        let mut data = buf.freeze();
         while !data.is_empty() {
             send.reserve_capacity(data.len());
             // Capacity left over from the previous grant is used first: poll_capacity
@@ -249,21 +260,17 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
 }
 
 /// Copies between two TCP sockets (passthrough), counting bytes as they flow.
-pub async fn copy_tcp<A, B>(
-    a: A,
-    b: B,
+pub async fn copy_tcp(
+    a: &mut TcpStream,
+    b: &mut TcpStream,
     a_to_b: &ByteTally,
     b_to_a: &ByteTally,
-) -> io::Result<Transferred>
-where
-    A: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
-{
-    let (mut ar, mut aw) = tokio::io::split(a);
-    let (mut br, mut bw) = tokio::io::split(b);
+) -> io::Result<Transferred> {
+    let (ar, mut aw) = a.split();
+    let (br, mut bw) = b.split();
     let (up, down) = tokio::try_join!(
-        copy_counted(&mut ar, &mut bw, a_to_b),
-        copy_counted(&mut br, &mut aw, b_to_a)
+        copy_counted(ar.as_ref(), &mut bw, a_to_b),
+        copy_counted(br.as_ref(), &mut aw, b_to_a)
     )?;
     Ok(Transferred {
         tcp_to_stream: up,
@@ -271,18 +278,16 @@ where
     })
 }
 
-async fn copy_counted<R, W>(reader: &mut R, writer: &mut W, counter: &ByteTally) -> io::Result<u64>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
+async fn copy_counted<W: AsyncWrite + Unpin>(
+    reader: &TcpStream,
+    writer: &mut W,
+    counter: &ByteTally,
+) -> io::Result<u64> {
     let mut size = MIN_READ;
-    let mut buf = BytesMut::new();
     let mut total = 0u64;
     loop {
-        buf.clear();
-        buf.reserve(size);
-        let n = reader.read_buf(&mut buf).await?;
+        let buf = read_fresh(reader, size).await?;
+        let n = buf.len();
         if n == 0 {
             writer.shutdown().await?;
             return Ok(total);
@@ -340,11 +345,22 @@ mod idle_tests {
     #[tokio::test]
     async fn an_idle_stream_is_closed_and_a_busy_one_is_not() {
         let ((mut client_send, _client_recv), stream) = stream_pair().await;
-        let (tcp, _app) = tokio::io::duplex(1024);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _app = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut tcp, _) = listener.accept().await.unwrap();
         let counter = ByteTally::default();
         let idle = Duration::from_millis(300);
         let copy = tokio::spawn(async move {
-            copy_bidirectional(tcp, stream, &ByteTally::default(), &counter, Some(idle)).await
+            copy_bidirectional(
+                &mut tcp,
+                stream,
+                &ByteTally::default(),
+                &counter,
+                Some(idle),
+            )
+            .await
         });
         // Data every 100 ms keeps it open past the idle timeout...
         for _ in 0..6 {
