@@ -532,8 +532,6 @@ fn app(a: &Netns, args: &[&str]) -> Result<serde_json::Value> {
     Ok(serde_json::from_str(out.trim())?)
 }
 
-/// Holds `count` mesh connections open; returns the HBONE connections A's ztunnel
-/// used for them and its RSS meanwhile.
 /// Holds `count` connections open from A; the HBONE connections they use, and both
 /// ztunnels' RSS (KiB) meanwhile.
 fn hold(topology: &Standalone, count: u64) -> Result<(usize, [u64; 2])> {

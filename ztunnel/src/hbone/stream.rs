@@ -82,7 +82,8 @@ pub struct Transferred {
 /// Copies until both directions have finished. Counters are bumped as bytes flow,
 /// so metrics of a long-lived connection move while it is open. With `idle_timeout`,
 /// a copy that moves no byte either way for that long ends with `TimedOut`. On error
-/// the stream is reset so the peer does not wait for data that will never come.
+/// the stream is reset so the peer does not wait for data that will never come, and
+/// `tcp` will close with an RST (see [`reset_on_close`]).
 pub async fn copy_bidirectional(
     tcp: &mut TcpStream,
     stream: H2Stream,
@@ -119,6 +120,7 @@ pub async fn copy_bidirectional(
         }),
         Err(e) => {
             send.send_reset(h2::Reason::CANCEL);
+            reset_on_close(tcp);
             Err(e)
         }
     }
@@ -259,7 +261,8 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
     Ok(total)
 }
 
-/// Copies between two TCP sockets (passthrough), counting bytes as they flow.
+/// Copies between two TCP sockets (passthrough), counting bytes as they flow. On
+/// error both close with an RST.
 pub async fn copy_tcp(
     a: &mut TcpStream,
     b: &mut TcpStream,
@@ -268,10 +271,14 @@ pub async fn copy_tcp(
 ) -> io::Result<Transferred> {
     let (ar, mut aw) = a.split();
     let (br, mut bw) = b.split();
-    let (up, down) = tokio::try_join!(
+    let copied = tokio::try_join!(
         copy_counted(ar.as_ref(), &mut bw, a_to_b),
         copy_counted(br.as_ref(), &mut aw, b_to_a)
-    )?;
+    );
+    let (up, down) = copied.inspect_err(|_| {
+        reset_on_close(a);
+        reset_on_close(b);
+    })?;
     Ok(Transferred {
         tcp_to_stream: up,
         stream_to_tcp: down,

@@ -128,7 +128,8 @@ impl InboundPassthrough {
                 Err("connection closed due to policy change".to_owned())
             }
         };
-        if outcome.is_err() {
+        // A copy that failed has reset its sockets itself; a revoked one is aborted too.
+        if outcome.is_err() && registration.revoked.is_cancelled() {
             reset_on_close(&client);
             reset_on_close(&upstream);
         }

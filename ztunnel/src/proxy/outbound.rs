@@ -14,7 +14,7 @@ use super::result::{ConnectionResult, Endpoints};
 use super::ProxyInputs;
 use crate::hbone::early::EarlyData;
 use crate::hbone::pool::{ConnectRequest, Pool, PoolKey};
-use crate::hbone::stream::{copy_bidirectional, copy_tcp, reset_on_close};
+use crate::hbone::stream::{copy_bidirectional, copy_tcp};
 use crate::identity::Identity;
 use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
@@ -310,7 +310,6 @@ impl Outbound {
             copy_bidirectional(&mut client, stream, &result.received, &result.sent, None).await;
         if let Err(e) = &copied {
             debug!(dst = %target, error = %e, "connection ended with an error");
-            reset_on_close(&client);
         }
         result.record(copied.map(drop));
     }
@@ -361,8 +360,6 @@ impl Outbound {
         let copied = copy_tcp(&mut client, &mut upstream, &result.received, &result.sent).await;
         if let Err(e) = &copied {
             debug!(dst = %target, error = %e, "passthrough ended with an error");
-            reset_on_close(&client);
-            reset_on_close(&upstream);
         }
         result.record(copied.map(drop));
     }
