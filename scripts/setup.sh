@@ -15,8 +15,9 @@ need_root() {
 # umoci, debian-archive-keyring and binutils (strip): `make image` (scripts/image/build.sh); podman and runc:
 # the image tests run it (e2e/tests/image.rs); libcap2-bin: capsh, which starts the
 # local cluster's containers in the image's own root (no setpriv there).
+# python3-matplotlib: `make soak` draws its samples (scripts/soak-plot.py).
 packages=(iptables nftables iproute2 ipset iperf3 valgrind containernetworking-plugins procps dnsutils python3 util-linux mount
-  umoci debian-archive-keyring binutils podman runc libcap2-bin)
+  umoci debian-archive-keyring binutils podman runc libcap2-bin python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

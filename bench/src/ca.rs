@@ -30,9 +30,9 @@ use test_support::process::ChildGuard;
 use tokio::sync::Barrier;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
-use crate::procfs::{clock_ticks, cpu_ticks};
 use crate::report::{percentile, ratio, single, Figure};
 use crate::Plan;
+use test_support::procfs::{clock_ticks, cpu_ticks};
 
 const TRUST_DOMAIN: &str = "cluster.local";
 /// Workloads on the node, one service account (so one identity) each.

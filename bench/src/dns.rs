@@ -21,9 +21,9 @@ use shared_types::zds::WorkloadInfo;
 use test_support::poll::wait_for;
 use test_support::topology::Node;
 
-use crate::procfs::{clock_ticks, cpu_ticks};
 use crate::report::{added, percentile, single, Figure};
 use crate::Plan;
+use test_support::procfs::{clock_ticks, cpu_ticks};
 
 const SERVICE: &str = "server.demo.svc.cluster.local.";
 const VIP: &str = "10.96.0.10";

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use local_cluster::cluster::LocalCluster;
 
-use crate::procfs::rss_kib;
 use crate::report::{percentile, single, Figure};
 use crate::Plan;
+use test_support::procfs::rss_kib;
 
 /// Where the agent's time on a gated ADD goes, as it logs it (`<step>_us` fields of its
 /// "CNI ADD served" and "pod enrolled" lines): finding the pod, checking the netns,

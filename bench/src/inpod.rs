@@ -16,10 +16,10 @@ use test_support::poll::wait_for;
 use test_support::process::ChildGuard;
 use test_support::topology::{connect_nodes, Node, Pod};
 
-use crate::procfs::rss_kib;
 use crate::report::{added, median, percentile, single, Figure};
 use crate::standalone::{churn_to, ping_to};
 use crate::Plan;
+use test_support::procfs::rss_kib;
 
 pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     let mut figures = zds_adds(plan)?;

@@ -8,8 +8,9 @@ mod cni;
 mod dns;
 mod enrollment;
 mod inpod;
-mod procfs;
+
 mod report;
+mod soak;
 mod standalone;
 mod xds;
 mod xds_failover;
@@ -57,11 +58,13 @@ enum Section {
     /// Instructions per byte through one HBONE hop, both ztunnels under callgrind
     /// (needs valgrind; only when asked for).
     Callgrind,
+    /// The growth figures of the last `make soak` (read, not run).
+    Soak,
 }
 
 impl Section {
     fn needs_root(self) -> bool {
-        !matches!(self, Section::Ca | Section::Xds)
+        !matches!(self, Section::Ca | Section::Xds | Section::Soak)
     }
 
     /// Whether a run without `--only` includes it.
@@ -79,6 +82,7 @@ impl Section {
             Section::Ca => ca::run(plan),
             Section::Xds => xds::run(plan),
             Section::Callgrind => callgrind::run(plan),
+            Section::Soak => soak::run(plan),
         }
     }
 }

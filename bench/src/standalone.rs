@@ -13,11 +13,11 @@ use test_support::process::ChildGuard;
 
 use shared_types::constants::ZTUNNEL_DEFAULT_WORKER_THREADS;
 
-use crate::procfs::{
-    clock_ticks, cpu_ticks, io_syscalls, machine_busy_ticks, rss_kib, SchedCounters,
-};
 use crate::report::{added, median, ratio, single, Figure};
 use crate::Plan;
+use test_support::procfs::{
+    clock_ticks, cpu_ticks, io_syscalls, machine_busy_ticks, rss_kib, SchedCounters,
+};
 
 /// One ztunnel configuration under test: a topology, and what its rows are called.
 struct Setup {

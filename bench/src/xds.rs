@@ -26,10 +26,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
 use crate::ca::{self, Fixture};
-use crate::procfs::{clock_ticks, cpu_ticks, rss_kib};
 use crate::report::{percentile, single, Figure};
 use crate::xds_failover;
 use crate::Plan;
+use test_support::procfs::{clock_ticks, cpu_ticks, rss_kib};
 
 const NS: &str = "app";
 /// Concurrent API requests while filling the cluster.

@@ -736,6 +736,200 @@ fn twenty_ambient_pods_per_node_are_enrolled() {
     assert_mtls(&c, 2, ("m", "many"), ("m", "server"), 1_500.0);
 }
 
+/// Pods of a node, by how they join the mesh: (namespace, name, meshed).
+fn node_pods(node: u8) -> [(&'static str, String, bool); 4] {
+    [
+        ("m", format!("server{node}"), true),
+        ("m", format!("client{node}"), true),
+        ("plain", format!("opted-in{node}"), true),
+        ("plain", format!("bystander{node}"), false),
+    ]
+}
+
+/// The messages of a pod's `FailedCreatePodSandBox` events.
+fn sandbox_refusals(events: &[(String, String)]) -> impl Iterator<Item = &str> {
+    events
+        .iter()
+        .filter(|(reason, _)| reason == "FailedCreatePodSandBox")
+        .map(|(_, message)| message.as_str())
+}
+
+/// A power cycle of a node (istio/istio#60882): every process of the node dies at once
+/// and its kubelet recreates the pods before the agent is back. None of them starts
+/// while the agent cannot vouch for it (the plugin holds them: the enablement state in
+/// `/var/run` is gone with the reboot), every meshed pod's new sandbox went through
+/// istio-cni, and once the agent and ztunnel are back all are enrolled and talk over
+/// HBONE. Node-1 chains into the primary's conflist (the default); node-2 keeps the chain
+/// in its own file (the chart's `chained=false`), and there the primary rewrites its
+/// conflist during the boot, dropping our entry from its file.
+#[test]
+fn a_rebooted_node_holds_its_meshed_pods_until_the_agent_is_back() {
+    if !test_support::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = harness_cluster("rbt");
+    c.node_mut(2)
+        .agent_env
+        .push(("ISTIO_OWNED_CNI_CONFIG".into(), "true".into()));
+    c.node_mut(2).start_agent().unwrap();
+    c.create_namespace("plain", &[]).unwrap();
+    let sink = sink(9000);
+    for node in [1u8, 2] {
+        for (ns, name, meshed) in node_pods(node) {
+            let argv = if name.starts_with("server") {
+                args(&sink)
+            } else {
+                IDLE.to_vec()
+            };
+            // The pod opts in by its own label where its namespace is not ambient.
+            let labels = if ns == "plain" && meshed {
+                vec![AMBIENT]
+            } else {
+                vec![]
+            };
+            c.create_pod(ns, &name, node, &name, &labels, &argv)
+                .unwrap();
+        }
+    }
+    for node in [1u8, 2] {
+        for (ns, name, _) in node_pods(node) {
+            c.wait_pod_running(ns, &name, T).unwrap();
+        }
+    }
+
+    for node in [1u8, 2] {
+        let before: Vec<usize> = node_pods(node)
+            .iter()
+            .map(|(ns, name, _)| sandbox_refusals(&c.pod_events(ns, name).unwrap()).count())
+            .collect();
+        c.power_off_node(node).unwrap();
+        if node == 2 {
+            // The primary CNI's installer writes its file afresh at boot.
+            c.node(node).write_bridge_conflist().unwrap();
+        }
+        assert!(
+            c.node(node).plugin_installed(),
+            "node-{node}: the chain the kubelet uses lost istio-cni over the reboot"
+        );
+        c.boot_node(node).unwrap();
+        // Each pod's sandbox is refused by istio-cni (and retried) or, wrongly, starts.
+        for ((ns, name, _), before) in node_pods(node).iter().zip(before) {
+            let refusal = wait_for(&format!("{ns}/{name}'s new sandbox"), T, || {
+                if c.pod(ns, name).is_some() {
+                    return Some(None);
+                }
+                let events = c.pod_events(ns, name).unwrap_or_default();
+                let refusals: Vec<_> = sandbox_refusals(&events).collect();
+                (refusals.len() > before).then(|| refusals.last().map(|m| m.to_string()))
+            })
+            .unwrap();
+            let refusal = refusal.unwrap_or_else(|| {
+                panic!("{ns}/{name} started on node-{node} before its agent was back")
+            });
+            assert!(
+                refusal.contains("istio-cni node agent unreachable"),
+                "{ns}/{name} was refused for another reason: {refusal}"
+            );
+        }
+
+        c.node_mut(node).start_agent().unwrap();
+        c.node_mut(node).start_ztunnel().unwrap();
+        c.wait_ztunnels_ready(T).unwrap();
+        for (ns, name, meshed) in node_pods(node) {
+            let pod = c
+                .wait_pod_running(ns, &name, Duration::from_secs(60))
+                .unwrap();
+            assert!(
+                pod.plugins.iter().any(|p| p == "istio-cni"),
+                "{ns}/{name}'s sandbox was made without istio-cni: {:?}",
+                pod.plugins
+            );
+            let expected = if meshed {
+                local_cluster::cluster::expected_redirection()
+            } else {
+                "none"
+            };
+            assert_eq!(
+                c.redirection_of(ns, &name).unwrap(),
+                expected,
+                "{ns}/{name}"
+            );
+        }
+        let agent_metrics =
+            local_cluster::mesh::http_get(&c.node(node).ns, "http://127.0.0.1:15014/metrics")
+                .unwrap();
+        assert_eq!(
+            metric_sum(&agent_metrics, "istio_cni_pods_enrolled", &[]),
+            3.0,
+            "node-{node}'s agent\n{}",
+            c.node(node).logs()
+        );
+
+        // Both ways across the nodes, from a namespace-enrolled and a pod-enrolled client.
+        let other = 3 - node;
+        for (from_ns, from, to) in [
+            ("m", format!("client{node}"), format!("server{other}")),
+            ("plain", format!("opted-in{node}"), format!("server{other}")),
+            ("m", format!("client{other}"), format!("server{node}")),
+        ] {
+            let to_node = if to.ends_with(&node.to_string()) {
+                node
+            } else {
+                other
+            };
+            let server_ip = c.pod("m", &to).unwrap().ip;
+            for n in [1u8, 2] {
+                c.wait_ztunnel_sees_hbone(n, &server_ip, T).unwrap();
+            }
+            let (src, dst) = ((from_ns, from.as_str()), ("m", to.as_str()));
+            let before = mtls_bytes(&c, to_node, src, dst);
+            send_ok(&c, from_ns, &from, &format!("{server_ip}:9000"), 5_000);
+            assert_mtls(&c, to_node, src, dst, before + 5_000.0);
+        }
+    }
+}
+
+/// The API server restarts (its state and serving certificate kept, as a real one
+/// keeps them): every in-cluster watcher of the mesh (istiod-lite, the node agents,
+/// installed from the charts and trusting the `ca.crt` they were given) carries on, so
+/// a pod created afterwards is enrolled and reachable over HBONE, and a pod deleted
+/// afterwards leaves the agent's count and every ztunnel's workloads.
+#[test]
+fn the_mesh_follows_pods_after_an_api_server_restart() {
+    if !test_support::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let mut c = mesh_cluster("apr");
+    let server = ambient_pod(&c, "server", 2, "server", &[], &args(&sink(9000)));
+    let gone = ambient_pod(&c, "gone", 1, "gone", &[], IDLE);
+    c.control_plane.start_apiserver().unwrap();
+
+    ambient_pod(&c, "late", 1, "late", &[], IDLE);
+    send_ok(&c, "m", "late", &format!("{server}:9000"), 3_000);
+    assert_mtls(&c, 2, ("m", "late"), ("m", "server"), 3_000.0);
+
+    c.delete_pod("m", "gone").unwrap();
+    for node in [1u8, 2] {
+        wait_for(
+            &format!("node-{node}'s ztunnel to forget m/gone"),
+            T,
+            || {
+                let dump = c.ztunnel_get(node, "127.0.0.1:15000/config_dump").ok()?;
+                (!has_hbone_workload(&serde_json::from_str(&dump).ok()?, &gone)).then_some(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", c.node(node).logs()));
+    }
+    let ns = &c.node(1).ns;
+    wait_for("node-1's agent to count m/gone out", T, || {
+        let m = local_cluster::mesh::http_get(ns, "http://127.0.0.1:15014/metrics").ok()?;
+        (metric_sum(&m, "istio_cni_pods_enrolled", &[]) == 1.0).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.node(1).logs()));
+}
+
 // ---------------------------------------------------------------- the mesh CA
 
 fn ztunnel_counter(c: &LocalCluster, node: u8, name: &str, labels: &[(&str, &str)]) -> f64 {

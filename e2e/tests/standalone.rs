@@ -410,7 +410,7 @@ fn connection_churn_fails_nothing_and_leaks_no_descriptor() -> Result<()> {
         Ok(metric_sum(&source, "ztunnel_hbone_pool_connections", &[]) as usize)
     };
     let pooled_before = pooled()?;
-    let fds_before = ztunnels.map(open_fds);
+    let fds_before = ztunnels.map(test_support::procfs::open_fds);
 
     let started = std::time::Instant::now();
     let outcomes: Vec<(u64, Vec<String>)> = std::thread::scope(|scope| {
@@ -464,14 +464,14 @@ fn connection_churn_fails_nothing_and_leaks_no_descriptor() -> Result<()> {
     wait_for(
         "both ztunnels back to their descriptors",
         Duration::from_secs(10),
-        || (Some(ztunnels.map(open_fds)) == expected()).then_some(()),
+        || (Some(ztunnels.map(test_support::procfs::open_fds)) == expected()).then_some(()),
     )
     .map_err(|e| {
         e.context(format!(
             "pooled HBONE connections {pooled_before} before, {:?} now; \
              descriptors before {fds_before:#?}, now {:#?}",
             pooled().ok(),
-            ztunnels.map(open_fds)
+            ztunnels.map(test_support::procfs::open_fds)
         ))
     })?;
     Ok(())
@@ -519,23 +519,6 @@ fn churn(
         }
     }
     (ok, failed)
-}
-
-/// What process `pid`'s descriptors point at (`socket:[inode]` and the like made
-/// anonymous), with how many of each.
-fn open_fds(pid: u32) -> std::collections::BTreeMap<String, usize> {
-    let mut kinds = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let target = std::fs::read_link(entry.path()).unwrap_or_default();
-        let target = target.to_string_lossy();
-        let kind = target.split(":[").next().unwrap_or_default().to_owned();
-        *kinds.entry(kind).or_default() += 1;
-    }
-    kinds
 }
 
 /// The kernel's count of TCP RSTs sent from `ns` (every socket in it).

@@ -207,7 +207,11 @@ impl ApiServer {
         let tokens =
             tokens::Signer::open(options.service_account_issuer.clone(), key_file.as_deref())
                 .map_err(StartError::Key)?;
-        let (tls, tls_certificate) = match tls::acceptor(addr) {
+        let kept = options
+            .state_file
+            .as_deref()
+            .map(|state| tls::files_beside(state, addr));
+        let (tls, tls_certificate) = match tls::acceptor(addr, kept) {
             Ok((acceptor, pem)) => (Some(acceptor), Some(pem)),
             Err(e) => {
                 tracing::warn!("serving plain HTTP only: no TLS certificate: {e}");

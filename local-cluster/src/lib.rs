@@ -11,9 +11,10 @@
 //! - [`mesh`]: the mesh's binaries in test namespaces and what they report;
 //!   [`standalone`]: two VMs with dedicated ztunnels; [`zds_agent`]: a test double of
 //!   the node agent's ZDS server; [`inpod`]: a pod captured as the agent captures it;
-//!   [`dns`]: the DNS tests' upstream and client.
+//!   [`dns`]: the DNS tests' upstream and client; [`load`]: the soak's traffic.
 //!
-//! Binaries: `demo` (`make demo`) and `e2e-app`, the test app the pods run.
+//! Binaries: `demo` (`make demo`), `soak` (`make soak`) and `e2e-app`, the test app
+//! the pods run.
 
 pub mod api;
 pub mod charts;
@@ -24,6 +25,7 @@ pub mod dns;
 pub mod images;
 pub mod inpod;
 pub mod kubelet;
+pub mod load;
 pub mod mesh;
 pub mod node;
 pub mod objects;

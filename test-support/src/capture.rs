@@ -238,7 +238,13 @@ fn read_loop(fd: OwnedFd, ifindexes: &[i32], stop: &AtomicBool) -> Result<Captur
     let mut control = [0u8; 256];
     // Reset the counter: what was dropped before we read is not ours.
     drops(&fd)?;
+    // Once stopped, what was queued before the stop is still read; the first packet
+    // stamped after it ends the capture (on a busy link the queue never runs dry).
+    let mut stopped_at: Option<SystemTime> = None;
     loop {
+        if stopped_at.is_none() && stop.load(Ordering::SeqCst) {
+            stopped_at = Some(SystemTime::now());
+        }
         // SAFETY: zeroed sockaddr_ll / msghdr are valid initial values.
         let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         let mut iov = libc::iovec {
@@ -275,6 +281,9 @@ fn read_loop(fd: OwnedFd, ifindexes: &[i32], stop: &AtomicBool) -> Result<Captur
             out.truncated += 1;
         }
         let time = timestamp(&msg).unwrap_or_else(SystemTime::now);
+        if stopped_at.is_some_and(|at| time > at) {
+            break;
+        }
         if let Some(p) = parse_frame(&buf[..n.min(buf.len())], time, addr.sll_ifindex) {
             held += p.payload.len();
             out.packets.push(p);

@@ -2,7 +2,8 @@
 //! with guaranteed teardown ([`netns`], [`topology`]), child processes that die with
 //! the test ([`process`]), the owner marker and sweep of what a killed run left
 //! ([`owner`]), packet capture ([`capture`]), polling ([`poll`]), golden files
-//! ([`golden`]) and the CRDs the mesh ships ([`crds`]).
+//! ([`golden`]), the CRDs the mesh ships ([`crds`]) and what `/proc` says of a
+//! process ([`procfs`]).
 //!
 //! Every object a test creates carries [`netns::PREFIX`] plus the test process id, so a
 //! later run can sweep what a crashed run left behind without touching anything else.
@@ -16,6 +17,7 @@ pub mod netns;
 pub mod owner;
 pub mod poll;
 pub mod process;
+pub mod procfs;
 pub mod topology;
 
 use std::path::{Path, PathBuf};

@@ -8,12 +8,13 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use mesh_kube::watch::{reflected, updates, IfAbsent, Update};
+use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// A change the enrollment engine reacts to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Change {
     /// A pod (`ns/name`) was added, changed or deleted.
     Pod(String),
@@ -40,12 +41,10 @@ impl KubeCache {
         let pods_api: Api<Pod> = Api::all(client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (pods, writer) = reflector::store();
-        let tx = changes.clone();
         spawn_watch(
             updates("pods", reflected(pods_api, config, writer), IfAbsent::Wait),
-            move |pod: &Pod| {
-                let _ = tx.send(Change::Pod(mesh_kube::pod::key(pod)));
-            },
+            |pod: &Pod| Change::Pod(mesh_kube::pod::key(pod)),
+            changes.clone(),
             cancel.clone(),
         );
         let ns_api: Api<Namespace> = Api::all(client.clone());
@@ -57,10 +56,8 @@ impl KubeCache {
                 reflected(ns_api, config, writer),
                 IfAbsent::Wait,
             ),
-            move |ns: &Namespace| {
-                let name = ns.metadata.name.clone().unwrap_or_default();
-                let _ = changes.send(Change::Namespace(name));
-            },
+            |ns: &Namespace| Change::Namespace(ns.metadata.name.clone().unwrap_or_default()),
+            changes,
             cancel,
         );
         KubeCache {
@@ -125,24 +122,107 @@ impl KubeCache {
 }
 
 /// Reports every object the watch touches (changed, deleted or re-listed) until
-/// `cancel`: the engine reconciles each from the store.
+/// `cancel`: the engine reconciles each from the store. An object deleted while the
+/// watch was down (the API server restarting, a 410 after compaction) is in no event at
+/// all, only missing from the re-list: it is reported once the re-list is complete, so
+/// the engine unenrolls a pod that is gone even if no one said so.
 fn spawn_watch<K: Send + 'static>(
     updates: impl Stream<Item = Update<K>> + Send + 'static,
-    on_change: impl Fn(&K) + Send + 'static,
+    change_of: impl Fn(&K) -> Change + Send + 'static,
+    changes: mpsc::UnboundedSender<Change>,
     cancel: CancellationToken,
 ) {
     let mut updates = Box::pin(updates);
     tokio::spawn(async move {
+        let mut known: HashSet<Change> = HashSet::new();
+        let mut relisted: Option<HashSet<Change>> = None;
         loop {
             let update = tokio::select! {
                 _ = cancel.cancelled() => break,
                 update = updates.next() => update,
             };
-            match update {
+            let change = match update {
                 None => break,
-                Some(Update::Applied(o) | Update::Deleted(o) | Update::Listed(o)) => on_change(&o),
-                Some(Update::Relisting | Update::Synced) => {}
-            }
+                Some(Update::Applied(o)) => {
+                    let change = change_of(&o);
+                    known.insert(change.clone());
+                    change
+                }
+                Some(Update::Deleted(o)) => {
+                    let change = change_of(&o);
+                    known.remove(&change);
+                    change
+                }
+                Some(Update::Listed(o)) => {
+                    let change = change_of(&o);
+                    relisted
+                        .get_or_insert_with(HashSet::new)
+                        .insert(change.clone());
+                    change
+                }
+                Some(Update::Relisting) => {
+                    relisted = Some(HashSet::new());
+                    continue;
+                }
+                Some(Update::Synced) => {
+                    let listed = relisted.take().unwrap_or_default();
+                    for gone in known.difference(&listed) {
+                        let _ = changes.send(gone.clone());
+                    }
+                    known = listed;
+                    continue;
+                }
+            };
+            let _ = changes.send(change);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pod `name`'s change.
+    fn pod(name: &str) -> Change {
+        Change::Pod(format!("m/{name}"))
+    }
+
+    #[tokio::test]
+    async fn a_relist_reports_what_was_deleted_while_the_watch_was_down() {
+        let updates = futures::stream::iter([
+            Update::Relisting,
+            Update::Listed("a"),
+            Update::Listed("b"),
+            Update::Synced,
+            Update::Applied("c"),
+            Update::Deleted("a"),
+            // The watch broke; b and c were deleted meanwhile, d created.
+            Update::Relisting,
+            Update::Listed("d"),
+            Update::Synced,
+            // Later changes are still reported, against the new list.
+            Update::Deleted("d"),
+        ]);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn_watch(
+            updates,
+            |name: &&str| pod(name),
+            tx,
+            CancellationToken::new(),
+        );
+        let mut seen = Vec::new();
+        while let Some(change) = rx.recv().await {
+            seen.push(change);
+        }
+        let (first, rest) = seen.split_at(5);
+        assert_eq!(first, [pod("a"), pod("b"), pod("c"), pod("a"), pod("d")]);
+        let mut gone = rest[..2].to_vec();
+        gone.sort_by_key(|c| format!("{c:?}"));
+        assert_eq!(
+            gone,
+            [pod("b"), pod("c")],
+            "deleted while the watch was down"
+        );
+        assert_eq!(rest[2..], [pod("d")]);
+    }
 }

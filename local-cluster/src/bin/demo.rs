@@ -70,9 +70,13 @@ fn main() -> Result<()> {
             node.pod_cidrs().join(" and ")
         );
     }
+    let mut confs: Vec<String> = std::fs::read_dir(cluster.node(1).conf_dir())?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    confs.sort();
     println!(
-        "   the node agents chained istio-cni into each node's {}",
-        local_cluster::node::BRIDGE_CONFLIST
+        "   the node agents put istio-cni after the bridge plugin in a chain of their own: /etc/cni/net.d holds {} (the runtime uses the first)",
+        confs.join(", ")
     );
     let holders = cluster.node_files_with_ca_key()?;
     if !holders.is_empty() {

@@ -114,6 +114,27 @@ enum Cmd {
         #[arg(long, default_value_t = 3600)]
         duration_secs: u64,
     },
+    /// The soak's traffic to echo servers: `long` connections held open, each with a
+    /// 64-byte round trip every `long_interval_secs`, and `rate` new connections per
+    /// second, each with one round trip of `bytes`. Targets are `ip:port` or
+    /// `name:port` (resolved once). Prints a JSON report line every `report_secs`
+    /// (cumulative counts, and the failures since the last line) until killed.
+    SoakLoad {
+        #[arg(long, value_delimiter = ',')]
+        long_targets: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        long: usize,
+        #[arg(long, default_value_t = 10)]
+        long_interval_secs: u64,
+        #[arg(long, value_delimiter = ',')]
+        short_targets: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        rate: u32,
+        #[arg(long, default_value_t = 1024)]
+        bytes: usize,
+        #[arg(long, default_value_t = 5)]
+        report_secs: u64,
+    },
 }
 
 fn main() -> Result<()> {
@@ -154,7 +175,45 @@ fn main() -> Result<()> {
             interval_ms,
             duration_secs,
         } => stream(connect, &marker, bytes, interval_ms, duration_secs),
+        Cmd::SoakLoad {
+            long_targets,
+            long,
+            long_interval_secs,
+            short_targets,
+            rate,
+            bytes,
+            report_secs,
+        } => {
+            let spec = local_cluster::load::LoadSpec {
+                long_targets: resolve_all(&long_targets)?,
+                long,
+                long_interval: Duration::from_secs(long_interval_secs.max(1)),
+                short_targets: resolve_all(&short_targets)?,
+                rate,
+                bytes,
+                report: Duration::from_secs(report_secs.max(1)),
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+                .block_on(local_cluster::load::run(spec));
+            Ok(())
+        }
     }
+}
+
+/// `ip:port` or `name:port`, each resolved to its first address.
+fn resolve_all(targets: &[String]) -> Result<Vec<SocketAddr>> {
+    targets
+        .iter()
+        .map(|t| {
+            t.to_socket_addrs()
+                .with_context(|| format!("resolving {t}"))?
+                .next()
+                .with_context(|| format!("{t} has no address"))
+        })
+        .collect()
 }
 
 fn serve(listen: SocketAddr, handler: fn(TcpStream) -> Result<()>) -> Result<()> {

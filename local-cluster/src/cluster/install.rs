@@ -75,7 +75,7 @@ impl LocalCluster {
     /// Logs of the mesh's pods the kubelets run (the chart-run agent's), for failures.
     pub fn system_pod_logs(&self) -> String {
         let mut text = String::new();
-        for k in &self.kubelets {
+        for k in self.kubelets.iter().flatten() {
             for (ns, name) in k
                 .pod_names()
                 .into_iter()

@@ -100,7 +100,8 @@ pub struct LocalCluster {
     controllers: Option<Controllers>,
     /// DNS and service proxy, on a cluster installed from the charts.
     services: Option<ClusterServices>,
-    kubelets: Vec<Kubelet>,
+    /// One per node, by index; `None` while the node is powered off.
+    kubelets: Vec<Option<Kubelet>>,
     pub nodes: Vec<Node>,
     pub control_plane: ControlPlane,
     pub tag: String,
@@ -257,30 +258,10 @@ impl LocalCluster {
             }
         }
         for node in &cluster.nodes {
-            let info = NodeInfo {
-                name: node.name.clone(),
-                index: node.index,
-                tag: format!("{tag}n{}", node.index),
-                host_netns: node.ns.name().to_owned(),
-                host_ip: node.ip(),
-                conf_dir: node.conf_dir(),
-                cni_path: node.cni_path(),
-                owner: owner::cluster_marker(tag),
-                root: node.root_dir(),
-                pods_dir: node.dir.join("pods"),
-                // The chart's agent names its run dir by its node path: the plugin
-                // finds the agent's sockets where the agent says they are.
-                plugins: NodeSpawner::start(
-                    &node.ns.path(),
-                    &if install == MeshInstall::Harness {
-                        Vec::new()
-                    } else {
-                        vec![(node.run_dir(), node::NODE_AGENT_RUN_DIR.to_owned())]
-                    },
-                )?,
-                api_addr: control_plane::api_addr(),
-            };
-            cluster.kubelets.push(Kubelet::start(cluster.api(), info)?);
+            let info = cluster.kubelet_info(node)?;
+            cluster
+                .kubelets
+                .push(Some(Kubelet::start(cluster.api(), info)?));
         }
         cluster.controllers = Some(Controllers::start(
             cluster.api(),
@@ -298,6 +279,78 @@ impl LocalCluster {
             node.start_ztunnel()?;
         }
         Ok(cluster)
+    }
+
+    /// What the kubelet of `node` is told about it.
+    fn kubelet_info(&self, node: &Node) -> Result<NodeInfo> {
+        let harness = self.install == MeshInstall::Harness;
+        Ok(NodeInfo {
+            name: node.name.clone(),
+            index: node.index,
+            tag: format!("{}n{}", self.tag, node.index),
+            host_netns: node.ns.name().to_owned(),
+            host_ip: node.ip(),
+            conf_dir: node.conf_dir(),
+            cni_path: node.cni_path(),
+            owner: owner::cluster_marker(&self.tag),
+            root: node.root_dir(),
+            pods_dir: node.dir.join("pods"),
+            // The chart's agent names its run dir by its node path: the plugin
+            // finds the agent's sockets where the agent says they are.
+            plugins: NodeSpawner::start(
+                &node.ns.path(),
+                &if harness {
+                    Vec::new()
+                } else {
+                    vec![(node.run_dir(), node::NODE_AGENT_RUN_DIR.to_owned())]
+                },
+            )?,
+            api_addr: control_plane::api_addr(),
+        })
+    }
+
+    /// Node `i` loses power: its agent and ztunnel are killed, its kubelet stops and
+    /// every pod process dies with its network namespace (no CNI DEL, no preStop), and
+    /// `/var/run` empties (the agent's sockets and enablement state; the ZDS socket).
+    /// What is on disk stays: the CNI config and binaries, the IPAM store, tokens.
+    /// The Pod objects stay too, as the API server keeps them. Harness clusters only.
+    pub fn power_off_node(&mut self, i: u8) -> Result<()> {
+        anyhow::ensure!(
+            self.install == MeshInstall::Harness,
+            "power_off_node needs a harness cluster: the charts' node pods belong to the kubelet"
+        );
+        let node = self.node_mut(i);
+        for process in [node.agent.take(), node.ztunnel.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut process = process;
+            process.kill();
+        }
+        for dir in [node.run_dir(), node.host_path(node::NODE_ZDS_DIR)] {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path)?;
+                } else {
+                    std::fs::remove_file(&path)?;
+                }
+            }
+        }
+        // The kubelet's drop kills its pods and deletes their namespaces at once.
+        drop(self.kubelets[usize::from(i) - 1].take());
+        Ok(())
+    }
+
+    /// Node `i`'s kubelet starts again after [`LocalCluster::power_off_node`]: it finds
+    /// the node's Pod objects and creates a new sandbox for each, through whatever CNI
+    /// config the node has now. The agent and ztunnel are the caller's to start.
+    pub fn boot_node(&mut self, i: u8) -> Result<()> {
+        let slot = usize::from(i) - 1;
+        anyhow::ensure!(self.kubelets[slot].is_none(), "node-{i} is running");
+        let info = self.kubelet_info(self.node(i))?;
+        self.kubelets[slot] = Some(Kubelet::start(self.api(), info)?);
+        Ok(())
     }
 
     /// The cluster's DNS and service proxy (what CoreDNS and kube-proxy do); the

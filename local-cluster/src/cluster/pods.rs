@@ -42,12 +42,12 @@ impl LocalCluster {
 
     /// The kubelet's view of a running pod (namespace, IP, container pids).
     pub fn pod(&self, ns: &str, name: &str) -> Option<PodHandle> {
-        self.kubelets.iter().find_map(|k| k.pod(ns, name))
+        self.kubelets.iter().flatten().find_map(|k| k.pod(ns, name))
     }
 
     /// What the pod's first container printed so far (`kubectl logs`).
     pub fn pod_log(&self, ns: &str, name: &str) -> Option<String> {
-        self.kubelets.iter().find_map(|k| k.log(ns, name))
+        self.kubelets.iter().flatten().find_map(|k| k.log(ns, name))
     }
 
     /// Waits until the pod runs and the API shows it Running with its IP.
@@ -89,6 +89,7 @@ impl LocalCluster {
     pub fn pod_names_in(&self, namespace: &str) -> Vec<String> {
         self.kubelets
             .iter()
+            .flatten()
             .flat_map(|k| k.pod_names())
             .filter(|(ns, _)| ns == namespace)
             .map(|(_, name)| name)
@@ -206,7 +207,7 @@ impl LocalCluster {
 
     /// Waits until the kubelets finished tearing down deleted pods.
     pub fn settle(&self) {
-        for k in &self.kubelets {
+        for k in self.kubelets.iter().flatten() {
             k.settle();
         }
     }

@@ -45,6 +45,10 @@ use test_support::process::ChildGuard;
 const POLL: Duration = Duration::from_millis(200);
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
+/// Numbers sandboxes (their container IDs and namespace names) across every kubelet of
+/// the process: a kubelet started again after a node's power cycle must not reuse an ID
+/// the IPAM store still holds an address for, as a real runtime never does.
+static SANDBOX_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// What a kubelet needs to know about its node.
 #[derive(Debug, Clone)]
@@ -300,7 +304,6 @@ fn sync_loop(
         query_escape(&format!("spec.nodeName={}", node.name))
     );
     let node = Arc::new(node);
-    let seq = Arc::new(AtomicU64::new(0));
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(POLL);
         let Ok(items) = api.list(&path) else { continue };
@@ -361,9 +364,8 @@ fn sync_loop(
                 worker: None,
                 sandbox: sandbox.clone(),
             };
-            let (api, node, seq) = (api.clone(), node.clone(), seq.clone());
-            let worker =
-                std::thread::spawn(move || run_pod(&api, &node, &pod, &cancel, &sandbox, &seq));
+            let (api, node) = (api.clone(), node.clone());
+            let worker = std::thread::spawn(move || run_pod(&api, &node, &pod, &cancel, &sandbox));
             map.insert(
                 uid,
                 Entry {
@@ -383,14 +385,13 @@ fn run_pod(
     pod: &Value,
     cancel: &AtomicBool,
     slot: &Mutex<Option<Sandbox>>,
-    seq: &AtomicU64,
 ) {
     let pod = &with_api_access(api, pod);
     // ContainerCreating while the sandbox is made (a gated CNI ADD may wait long).
     let _ = api.merge_patch(&status_path(pod), &waiting_status(pod, node));
     let mut backoff = BACKOFF_START;
     while !cancel.load(Ordering::SeqCst) {
-        match create_sandbox(api, node, pod, seq.fetch_add(1, Ordering::Relaxed)) {
+        match create_sandbox(api, node, pod, SANDBOX_SEQ.fetch_add(1, Ordering::Relaxed)) {
             Ok(sandbox) => {
                 if let Ok(mut s) = slot.lock() {
                     *s = Some(sandbox);

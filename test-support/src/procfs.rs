@@ -1,5 +1,6 @@
-//! CPU and memory of a process, from /proc.
+//! CPU, memory, threads and descriptors of a process, from /proc.
 
+/// CPU time process `pid` used so far (user and system), in clock ticks.
 pub fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may contain spaces) start after ") ".
@@ -49,11 +50,13 @@ pub fn machine_busy_ticks() -> u64 {
         .sum()
 }
 
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
 pub fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
 }
 
+/// Resident memory of process `pid` in KiB (0 once it is gone).
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -61,6 +64,33 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Threads of process `pid` (0 once it is gone).
+pub fn threads(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// What process `pid`'s descriptors point at, with how many of each: `socket`,
+/// `net` (a network namespace), `anon_inode`, or the path of a file.
+pub fn open_fds(pid: u32) -> std::collections::BTreeMap<String, usize> {
+    let mut kinds = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let target = std::fs::read_link(entry.path()).unwrap_or_default();
+        let target = target.to_string_lossy();
+        let kind = target.split(":[").next().unwrap_or_default().to_owned();
+        *kinds.entry(kind).or_default() += 1;
+    }
+    kinds
 }
 
 /// Scheduler counters summed over every thread of some processes.
