@@ -2,8 +2,9 @@
 //! connections to echo servers, each doing a round trip every interval, and short
 //! connections opened at a steady rate, each with one round trip. Every `report`
 //! interval it prints one JSON line of cumulative counts ([`Report`]) and the failures
-//! since the last line, with their time and reason, so the soak can tell a failure
-//! inside an injected fault's window from one outside it.
+//! since the last line, grouped by kind, target and reason with the time of the first
+//! and the last, so the soak can tell failures inside an injected fault's window from
+//! failures outside it, however many there are.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -20,8 +21,6 @@ const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Short connections in flight at most: beyond it a tick is counted as skipped, so a
 /// stalled mesh shows as failures rather than as an unbounded pile of tasks.
 const MAX_IN_FLIGHT: usize = 4096;
-/// Failures listed per report line at most (the counts stay exact).
-const MAX_LISTED: usize = 50;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -35,15 +34,18 @@ pub struct LoadSpec {
     pub report: Duration,
 }
 
-/// One failed round trip.
+/// Failed round trips of one kind, to one target, for one reason, since the last
+/// report line.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Failure {
-    /// Unix time, milliseconds.
-    pub t_ms: u64,
+pub struct Failures {
     /// `short` or `long`.
     pub kind: String,
     pub target: String,
     pub reason: String,
+    pub count: u64,
+    /// Unix time of the first and the last, milliseconds.
+    pub first_ms: u64,
+    pub last_ms: u64,
 }
 
 /// One report line: counts since the start, failures since the last line.
@@ -59,7 +61,7 @@ pub struct Report {
     pub long_round_trips: u64,
     /// Long-lived connections that broke (each is then opened again).
     pub long_lost: BTreeMap<String, u64>,
-    pub failures: Vec<Failure>,
+    pub failures: Vec<Failures>,
 }
 
 #[derive(Default)]
@@ -123,13 +125,24 @@ fn record_failure(shared: &Shared, kind: &str, target: SocketAddr, reason: Strin
         &mut r.long_lost
     };
     *counts.entry(reason.clone()).or_default() += 1;
-    if r.failures.len() < MAX_LISTED {
-        r.failures.push(Failure {
-            t_ms: now_ms(),
+    let (now, target) = (now_ms(), target.to_string());
+    match r
+        .failures
+        .iter_mut()
+        .find(|f| f.kind == kind && f.target == target && f.reason == reason)
+    {
+        Some(group) => {
+            group.count += 1;
+            group.last_ms = now;
+        }
+        None => r.failures.push(Failures {
             kind: kind.to_owned(),
-            target: target.to_string(),
+            target,
             reason,
-        });
+            count: 1,
+            first_ms: now,
+            last_ms: now,
+        }),
     }
 }
 

@@ -48,7 +48,8 @@ pub struct Fault {
     pub start_s: f64,
     pub end_s: Option<f64>,
     /// The pods of the component before the fault (to see them replaced), and their
-    /// processes (to see them exit: a replaced pod's process may still be draining).
+    /// processes (to see a killed one restarted, a replaced one's exit: it may still
+    /// be draining).
     #[serde(skip)]
     before: Vec<String>,
     #[serde(skip)]
@@ -110,8 +111,10 @@ pub fn inject(c: &mut LocalCluster, kind: Kind, round: usize, t_s: f64) -> Resul
                 .into_iter()
                 .next()
                 .context("no istiod pod")?;
-            kill(first_pid(c, &pod).context("istiod has no process")?);
+            let pid = first_pid(c, &pod).context("istiod has no process")?;
+            kill(pid);
             fault.before = vec![pod];
+            fault.before_pids = vec![pid];
         }
         Kind::AgentKilled => {
             let node = c.nodes[round % c.nodes.len()].name.clone();
@@ -119,9 +122,11 @@ pub fn inject(c: &mut LocalCluster, kind: Kind, round: usize, t_s: f64) -> Resul
                 .into_iter()
                 .next()
                 .context("no agent pod")?;
-            kill(first_pid(c, &pod).context("the agent has no process")?);
+            let pid = first_pid(c, &pod).context("the agent has no process")?;
+            kill(pid);
             fault.node = Some(node);
             fault.before = vec![pod];
+            fault.before_pids = vec![pid];
         }
         Kind::ZtunnelRollout => {
             fault.before = system_pods(c, "ztunnel", None);
@@ -164,9 +169,18 @@ pub fn recovered(c: &LocalCluster, fault: &Fault) -> bool {
             .collect();
         !mine.is_empty() && mine.iter().all(|p| controllers::ready(p))
     };
+    // A killed pod is back once its container runs a new process (until the kubelet
+    // sees the exit, the pod still reads ready).
+    let restarted = || {
+        fault
+            .before
+            .iter()
+            .zip(&fault.before_pids)
+            .all(|(pod, pid)| first_pid(c, pod).is_some_and(|now| now != *pid))
+    };
     match fault.kind {
-        Kind::IstiodKilled => ready("istiod", None),
-        Kind::AgentKilled => ready("istio-cni-node", fault.node.as_deref()),
+        Kind::IstiodKilled => restarted() && ready("istiod", None),
+        Kind::AgentKilled => restarted() && ready("istio-cni-node", fault.node.as_deref()),
         Kind::ZtunnelRollout => {
             let now = system_pods(c, "ztunnel", None);
             // Over once the old ztunnels finished draining, not when their pods went.
@@ -188,4 +202,19 @@ pub fn settle(c: &LocalCluster, fault: &mut Fault, t_s: f64, started: Instant) -
         return Some(true);
     }
     (started.elapsed() >= LIMIT).then_some(false)
+}
+
+#[cfg(test)]
+impl Fault {
+    /// A fault of `kind` that ran from `start_s` to `end_s`, for the judge's tests.
+    pub fn ran(kind: Kind, start_s: f64, end_s: f64) -> Fault {
+        Fault {
+            kind,
+            node: None,
+            start_s,
+            end_s: Some(end_s),
+            before: Vec::new(),
+            before_pids: Vec::new(),
+        }
+    }
 }

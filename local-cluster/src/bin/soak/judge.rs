@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use local_cluster::load::Failure;
+use local_cluster::load::Failures;
 use serde::Serialize;
 
 use crate::faults::Fault;
@@ -37,11 +37,18 @@ fn verdict(check: &str, problems: Vec<String>, ok: String) -> Verdict {
 /// opening 3 more): growth fails only above both the percentage and these.
 const RSS_FLOOR_KIB: u64 = 2048;
 const FDS_FLOOR: usize = 5;
+/// A life this long after its warm-up is judged, however long the soak.
+const LONG_ENOUGH_S: f64 = 600.0;
+/// The processes the growth verdict must judge (sampled components' names).
+const MESH_COMPONENTS: [&str; 3] = ["ztunnel", "istio-cni-node", "istiod"];
 
 /// RSS and descriptors of every mesh process (not the API server: it stands in for
 /// Kubernetes), from its first sample after warm-up to its last. A process started
 /// during the soak (a fault replaced it) warms up too: it is judged from `warm_up_s`
-/// after it was first seen, if it then lives a third of the judged time.
+/// after it was first seen, if it then lives a third of the judged time or
+/// [`LONG_ENOUGH_S`]. Every mesh component must have a life judged: a rollout that
+/// replaces ztunnel too often to judge any of them fails the verdict rather than
+/// leaving ztunnel unjudged.
 pub fn growth(samples: &[Sample], warm_up_s: f64) -> (Verdict, Vec<Growth>) {
     let last_t = samples.last().map(|s| s.t_s).unwrap_or_default();
     let mut born: BTreeMap<u32, f64> = BTreeMap::new();
@@ -75,7 +82,7 @@ pub fn growth(samples: &[Sample], warm_up_s: f64) -> (Verdict, Vec<Growth>) {
             );
         }
     }
-    let span_needed = ((last_t - warm_up_s) / 3.0).max(1.0);
+    let span_needed = ((last_t - warm_up_s) / 3.0).clamp(1.0, LONG_ENOUGH_S);
     let mut growths = Vec::new();
     let mut problems = Vec::new();
     for (pid, (t0, rss0, fds0)) in first {
@@ -109,6 +116,13 @@ pub fn growth(samples: &[Sample], warm_up_s: f64) -> (Verdict, Vec<Growth>) {
         });
     }
     let judged = growths.len();
+    for component in MESH_COMPONENTS {
+        if !growths.iter().any(|g| g.process.starts_with(component)) {
+            problems.push(format!(
+                "no {component} process lived long enough to be judged"
+            ));
+        }
+    }
     let v = verdict(
         "no mesh process grows more than 10 % after warm-up (RSS, descriptors)",
         problems,
@@ -128,33 +142,29 @@ pub struct Growth {
 }
 
 /// Every failed connection falls in an injected fault's window; long-lived connections
-/// are lost only in a ztunnel rollout.
-pub fn failures(
-    failures: &[(f64, Failure)],
-    faults: &[Fault],
-    listed: u64,
-    counted: u64,
-) -> Verdict {
+/// are lost only in ztunnel's rollout. `failures` are the load's groups with the
+/// seconds (into the soak) of their first and last; `counted` is the load's own total,
+/// which the groups must add up to.
+pub fn failures(failures: &[(f64, f64, Failures)], faults: &[Fault], counted: u64) -> Verdict {
     let mut problems = Vec::new();
-    for (t_s, f) in failures {
-        let covering: Vec<&Fault> = faults.iter().filter(|x| x.covers(*t_s)).collect();
-        let allowed = match f.kind.as_str() {
-            "long" => covering
-                .iter()
-                .any(|x| x.kind == crate::faults::Kind::ZtunnelRollout),
-            _ => !covering.is_empty(),
-        };
+    for (first_s, last_s, f) in failures {
+        // A window is one interval: covering both ends covers the whole group.
+        let allowed = faults.iter().any(|x| {
+            x.covers(*first_s)
+                && x.covers(*last_s)
+                && (f.kind != "long" || x.kind == crate::faults::Kind::ZtunnelRollout)
+        });
         if !allowed {
             problems.push(format!(
-                "{} connection to {} at {t_s:.1}s: {}",
-                f.kind, f.target, f.reason
+                "{} {} connection(s) to {} from {first_s:.1}s to {last_s:.1}s: {}",
+                f.count, f.kind, f.target, f.reason
             ));
         }
     }
-    if counted > listed {
+    let grouped: u64 = failures.iter().map(|(_, _, f)| f.count).sum();
+    if grouped != counted {
         problems.push(format!(
-            "{} failures not listed (more than the load's per-report cap)",
-            counted - listed
+            "the load counted {counted} failures but reported {grouped} with their times"
         ));
     }
     problems.truncate(20);
@@ -244,4 +254,111 @@ pub fn enrollment(samples: &[Sample], warm_up_s: f64, in_flight: usize) -> Verdi
         problems,
         format!("within {in_flight} at every sample"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::Kind;
+    use crate::sample::Process;
+
+    fn group(kind: &str, count: u64) -> Failures {
+        Failures {
+            kind: kind.into(),
+            target: "10.0.0.1:9001".into(),
+            reason: "connection reset".into(),
+            count,
+            first_ms: 0,
+            last_ms: 0,
+        }
+    }
+
+    #[test]
+    fn failures_count_only_inside_their_faults_window() {
+        let faults = [
+            Fault::ran(Kind::IstiodKilled, 100.0, 110.0),
+            Fault::ran(Kind::ZtunnelRollout, 200.0, 240.0),
+        ];
+        // Short ones in any window (grace included); long ones only in the rollout.
+        let inside = [
+            (101.0, 120.0, group("short", 3)),
+            (240.0, 254.0, group("long", 1000)),
+        ];
+        assert!(failures(&inside, &faults, 1003).passed);
+        let v = failures(&[(105.0, 106.0, group("long", 2))], &faults, 2);
+        assert!(!v.passed && v.detail.contains("2 long"), "{}", v.detail);
+        // A group that runs past its window's grace is outside it.
+        let v = failures(&[(230.0, 300.0, group("short", 5))], &faults, 5);
+        assert!(!v.passed, "{}", v.detail);
+        // Failures the load counted but did not report are never assumed fine.
+        let v = failures(&inside, &faults, 1004);
+        assert!(
+            !v.passed && v.detail.contains("counted 1004"),
+            "{}",
+            v.detail
+        );
+    }
+
+    fn sample(t_s: f64, processes: &[(&str, u32, u64)]) -> Sample {
+        Sample {
+            t_s,
+            processes: processes
+                .iter()
+                .map(|&(component, pid, rss_kib)| Process {
+                    component: component.into(),
+                    pod: format!("{component}-{pid}"),
+                    node: "node-1".into(),
+                    pid,
+                    rss_kib,
+                    fds: 20,
+                    threads: 4,
+                    cpu_cores: None,
+                })
+                .collect(),
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn growth_judges_every_component_and_fails_a_leak() {
+        let steady = |t: f64, ztunnel_rss: u64| {
+            sample(
+                t,
+                &[
+                    ("istio-cni-node", 1, 20_000),
+                    ("istiod", 2, 50_000),
+                    ("ztunnel", 3, ztunnel_rss),
+                ],
+            )
+        };
+        let run = |end_rss: u64| {
+            (0..=36)
+                .map(|i| {
+                    let t = i as f64 * 100.0;
+                    steady(t, if i == 36 { end_rss } else { 70_000 })
+                })
+                .collect::<Vec<_>>()
+        };
+        let (v, judged) = growth(&run(72_000), 300.0);
+        assert!(v.passed, "{}", v.detail);
+        assert_eq!(judged.len(), 3);
+        let (v, _) = growth(&run(80_000), 300.0);
+        assert!(!v.passed && v.detail.contains("ztunnel"), "{}", v.detail);
+
+        // ztunnel replaced every 10 minutes: no life of it is long enough to judge.
+        let rolled: Vec<Sample> = (0..=36)
+            .map(|i| {
+                let t = i as f64 * 100.0;
+                let mut s = steady(t, 70_000);
+                s.processes[2].pid = 100 + (i / 6) as u32;
+                s
+            })
+            .collect();
+        let (v, _) = growth(&rolled, 300.0);
+        assert!(
+            !v.passed && v.detail.contains("no ztunnel process"),
+            "{}",
+            v.detail
+        );
+    }
 }

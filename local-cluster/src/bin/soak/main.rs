@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use local_cluster::api::Api;
-use local_cluster::load::{Failure, Report};
+use local_cluster::load::{Failures, Report};
 use local_cluster::{objects, LocalCluster};
 use serde_json::json;
 use test_support::capture::Capture;
@@ -256,6 +256,8 @@ fn churn(api: Api, nodes: Vec<String>, plan: Plan, stop: Arc<AtomicBool>) {
     let per_node = plan.churn_pods_per_node.max(1);
     let pace = Duration::from_secs(plan.pod_lifetime_s) / per_node as u32;
     let mut live: Vec<VecDeque<(String, String)>> = vec![VecDeque::new(); nodes.len()];
+    // Each node's own count picks the mix, so every node gets the same mix.
+    let mut made = vec![0usize; nodes.len()];
     let mut seq = 0usize;
     // Fill quickly (a pod a node every 200 ms), then replace the oldest at the pace.
     while !stop.load(Ordering::SeqCst) {
@@ -269,7 +271,8 @@ fn churn(api: Api, nodes: Vec<String>, plan: Plan, stop: Arc<AtomicBool>) {
                 }
             }
             seq += 1;
-            let (ns, labels): (&str, Vec<(&str, &str)>) = match seq % 4 {
+            made[i] += 1;
+            let (ns, labels): (&str, Vec<(&str, &str)>) = match made[i] % 4 {
                 0 | 1 => (AMBIENT_NS, vec![]),
                 2 => (PLAIN_NS, vec![AMBIENT]),
                 _ => (AMBIENT_NS, vec![OPT_OUT]),
@@ -365,11 +368,12 @@ fn run(c: &mut LocalCluster, plan: &Plan, out: &std::path::Path) -> Result<bool>
     let reports = load.reports();
     drop(load);
 
-    let failures: Vec<(f64, Failure)> = reports
+    let since_start = |ms: u64| ms.saturating_sub(start_ms) as f64 / 1000.0;
+    let failures: Vec<(f64, f64, Failures)> = reports
         .iter()
         .flatten()
         .flat_map(|r| r.failures.iter().cloned())
-        .map(|f| ((f.t_ms.saturating_sub(start_ms)) as f64 / 1000.0, f))
+        .map(|f| (since_start(f.first_ms), since_start(f.last_ms), f))
         .collect();
     let totals: Vec<Report> = reports.iter().filter_map(|r| r.last().cloned()).collect();
     let counted: u64 = totals
@@ -382,7 +386,7 @@ fn run(c: &mut LocalCluster, plan: &Plan, out: &std::path::Path) -> Result<bool>
         plaintext.unwrap_or_else(|| json!({"passed": false, "detail": "never captured"}));
     let mut verdicts = vec![
         growth_verdict,
-        judge::failures(&failures, &faults, failures.len() as u64, counted),
+        judge::failures(&failures, &faults, counted),
         judge::stale_state(&samples),
         judge::netns_held(&samples),
         judge::enrollment(&samples, plan.warm_up_s as f64, in_flight),
@@ -422,7 +426,10 @@ fn run(c: &mut LocalCluster, plan: &Plan, out: &std::path::Path) -> Result<bool>
         "faults": faults,
         "growth": growth,
         "traffic": samples.last().map(|s| s.traffic.clone()),
-        "failures": failures.iter().map(|(t, f)| json!({"t_s": t, "failure": f})).collect::<Vec<_>>(),
+        "failures": failures
+            .iter()
+            .map(|(first, last, f)| json!({"first_s": first, "last_s": last, "failures": f}))
+            .collect::<Vec<_>>(),
     });
     std::fs::write(
         out.join("summary.json"),
