@@ -42,16 +42,10 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Captures on every node's port of the cluster bridge (`n<10+i>`, see
+/// Captures on every node's link to the cluster network (its bridge port, see
 /// `ControlPlane::attach`), in the control-plane namespace.
 fn capture(c: &LocalCluster) -> Capture {
-    let ports: Vec<String> = c
-        .nodes
-        .iter()
-        .map(|n| format!("n{}", 10 + n.index))
-        .collect();
-    let ports: Vec<&str> = ports.iter().map(String::as_str).collect();
-    Capture::start(&c.control_plane.ns, &ports).expect("starting the capture")
+    c.capture_node_links().expect("starting the capture")
 }
 
 /// An echo server for both families (on a single-stack pod `[::]` takes IPv4 alone).

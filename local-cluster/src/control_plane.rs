@@ -225,7 +225,7 @@ impl ControlPlane {
     /// Joins `node` to the cluster network with address `<prefix>.<host>/24`, and
     /// `<prefix6><host>/64` when `ipv6`.
     pub fn attach(&self, node: &Netns, host: u8, ipv6: bool) -> Result<()> {
-        let (node_if, cp_if) = ("eth0", format!("n{host}"));
+        let (node_if, cp_if) = ("eth0", bridge_port(host));
         node.exec(&[
             "ip",
             "link",
@@ -269,4 +269,9 @@ fn replica_ip(i: u8) -> String {
 /// [`API_ADDR`] parsed.
 pub fn api_addr() -> SocketAddr {
     API_ADDR.parse().expect("API_ADDR is a socket address")
+}
+
+/// The bridge port (in the control-plane namespace) of the node with host number `host`.
+pub fn bridge_port(host: u8) -> String {
+    format!("n{host}")
 }

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::api::Api;
 use crate::cluster::SYSTEM_NAMESPACE;
-use crate::control_plane::{CLUSTER_NET6_PREFIX, CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST};
+use crate::control_plane::{self, CLUSTER_NET6_PREFIX, CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST};
 use crate::kubelet::cni;
 use crate::kubelet::projected::{ProjectedConfigMap, ProjectedToken, Projector};
 use test_support::built_binary as binary;
@@ -102,15 +102,26 @@ impl Node {
         Ok(node)
     }
 
+    /// The node's host number on the cluster network (its addresses end in it).
+    pub fn host(&self) -> u8 {
+        10 + self.index
+    }
+
+    /// The node's link to the cluster network, as the control plane's bridge port
+    /// (`ControlPlane::attach`): what leaves and reaches the node passes there.
+    pub fn cluster_link(&self) -> String {
+        control_plane::bridge_port(self.host())
+    }
+
     /// The node's address on the cluster network.
     pub fn ip(&self) -> String {
-        format!("{CLUSTER_NET_PREFIX}.{}", 10 + self.index)
+        format!("{CLUSTER_NET_PREFIX}.{}", self.host())
     }
 
     /// The node's IPv6 address on the cluster network (dual-stack clusters).
     pub fn ip6(&self) -> Option<String> {
         self.dual_stack
-            .then(|| format!("{CLUSTER_NET6_PREFIX}{:x}", 10 + self.index))
+            .then(|| format!("{CLUSTER_NET6_PREFIX}{:x}", self.host()))
     }
 
     /// The node's addresses, IPv4 first (`status.addresses`, `hostIPs`).

@@ -33,6 +33,7 @@ pub use crate::node::Node;
 use crate::services::cluster_dns;
 use crate::services::kube_proxy::KubeProxy;
 use crate::{control_plane, node, objects};
+use test_support::capture::Capture;
 use test_support::owner;
 
 use test_support::process::ChildGuard;
@@ -231,7 +232,7 @@ impl LocalCluster {
             )?;
             cluster
                 .control_plane
-                .attach(&node.ns, 10 + index, dual_stack)?;
+                .attach(&node.ns, node.host(), dual_stack)?;
             cluster.nodes.push(node);
         }
         // Pod routes: every node (and the control plane) reaches every other node's pods.
@@ -444,6 +445,14 @@ impl LocalCluster {
     }
 
     /// A client for the API server (it connects from the control-plane namespace).
+    /// Starts capturing on every node's link to the cluster network: every packet
+    /// between nodes, and between a node and the control plane.
+    pub fn capture_node_links(&self) -> Result<Capture> {
+        let links: Vec<String> = self.nodes.iter().map(Node::cluster_link).collect();
+        let links: Vec<&str> = links.iter().map(String::as_str).collect();
+        Capture::start(&self.control_plane.ns, &links)
+    }
+
     pub fn api(&self) -> Api {
         self.control_plane.api()
     }

@@ -25,7 +25,6 @@ use local_cluster::api::Api;
 use local_cluster::load::{Failures, Report};
 use local_cluster::{objects, LocalCluster};
 use serde_json::json;
-use test_support::capture::Capture;
 use test_support::process::ChildGuard;
 
 use faults::Fault;
@@ -452,13 +451,7 @@ fn run(c: &mut LocalCluster, plan: &Plan, out: &std::path::Path) -> Result<bool>
 /// port must never be on the wire (every byte of it is between enrolled pods), and
 /// HBONE must be.
 fn capture_node_links(c: &LocalCluster) -> Result<serde_json::Value> {
-    let ports: Vec<String> = c
-        .nodes
-        .iter()
-        .map(|n| format!("n{}", 10 + n.index))
-        .collect();
-    let ports: Vec<&str> = ports.iter().map(String::as_str).collect();
-    let capture = Capture::start(&c.control_plane.ns, &ports)?;
+    let capture = c.capture_node_links()?;
     std::thread::sleep(Duration::from_secs(10));
     let captured = capture.stop()?;
     let plain = captured
