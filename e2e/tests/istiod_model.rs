@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use test_support::poll::eventually;
 
+use istiod_lite::kube::pods::PodIndex;
 use istiod_lite::model::{self, Options};
 use istiod_lite::xds::store::{Changes, ResourceStore};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service as KubeService};
@@ -74,6 +75,7 @@ fn discover(client: &Client, readiness: &Readiness) -> (StateStore, FirstSync, C
         client.clone(),
         Options::default(),
         resources.clone(),
+        PodIndex::default(),
         cancel.clone(),
     );
     let (followed, first_sync) = tokio::sync::watch::channel(false);

@@ -10,7 +10,8 @@ use std::time::Duration;
 use test_support::poll::eventually;
 
 use istiod_lite::ca::authn::TokenAuthenticator;
-use istiod_lite::kube::pods::{watch_pods, PodIndex};
+use istiod_lite::kube::pods::PodIndex;
+use istiod_lite::model;
 use istiod_lite::server::{self, ServingCert};
 use istiod_lite::xds::grpc::AdsServer;
 use istiod_lite::xds::store::{Published, ResourceStore};
@@ -104,7 +105,14 @@ async fn start() -> Fixture {
 
     let cancel = CancellationToken::new();
     let pods = PodIndex::default();
-    tokio::spawn(watch_pods(client.clone(), pods.clone(), cancel.clone()));
+    // The model's pod watch keeps the CA's pod index (its resources are not served here).
+    model::start(
+        client.clone(),
+        model::Options::default(),
+        ResourceStore::default(),
+        pods.clone(),
+        cancel.clone(),
+    );
     tokio::time::timeout(WAIT, pods.wait_synced())
         .await
         .unwrap();

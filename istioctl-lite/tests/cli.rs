@@ -601,7 +601,10 @@ async fn ztunnel_config_prints_istio_tables_from_both_dumps() {
         let all = stdout(&run(None, &["zc", "all", "-f", dump, "-o", "short"]).await);
         for golden in ["workloads", "services", "policies", "connections"] {
             let section = std::fs::read_to_string(testdata(&format!("{prefix}-{golden}.txt")));
-            assert!(all.contains(&section.unwrap()), "{prefix} all: {golden}\n{all}");
+            assert!(
+                all.contains(&section.unwrap()),
+                "{prefix} all: {golden}\n{all}"
+            );
         }
         assert!(all.contains("\nCERTIFICATE NAME "), "{all}");
         let out = run(None, &["ztunnel-config", "certs", "-f", dump]).await;

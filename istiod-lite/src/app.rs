@@ -13,7 +13,7 @@ use crate::ca::authn::TokenAuthenticator;
 use crate::ca::authz::{node_accounts, NodeAuthorizer};
 use crate::ca::CaService;
 use crate::config::Config;
-use crate::kube::pods::{watch_pods, PodIndex};
+use crate::kube::pods::PodIndex;
 use crate::kube::{gateway_class, leader, root_publisher};
 use crate::metrics::Metrics;
 use crate::model;
@@ -76,8 +76,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     ops::serve_readiness(config.ready_addr, readiness.clone(), shutdown.clone())
         .with_context(|| format!("binding the readiness port {}", config.ready_addr))?;
 
+    // Fed by the model's pod watch (started below).
     let pods = PodIndex::default();
-    tokio::spawn(watch_pods(client.clone(), pods.clone(), shutdown.clone()));
     tokio::spawn({
         let (pods, readiness) = (pods.clone(), readiness.clone());
         async move {
@@ -117,6 +117,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             root_namespace: config.namespace.clone(),
         },
         resources.clone(),
+        pods.clone(),
         shutdown.clone(),
     );
     tokio::spawn(count_resources(

@@ -8,7 +8,9 @@ use anyhow::{Context, Result};
 
 use crate::api::Api;
 use crate::cluster::SYSTEM_NAMESPACE;
-use crate::control_plane::{self, CLUSTER_NET6_PREFIX, CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST};
+use crate::control_plane::{
+    self, CLUSTER_NET6_PREFIX, CLUSTER_NET_PREFIX, ISTIOD_ADDR, ISTIOD_HOST,
+};
 use crate::kubelet::cni;
 use crate::kubelet::projected::{ProjectedConfigMap, ProjectedToken, Projector};
 use test_support::built_binary as binary;

@@ -15,7 +15,7 @@ use futures::{future, Stream, StreamExt};
 use kube::runtime::reflector::{self, store::Writer, Lookup};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::{Api, Resource};
+use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
@@ -46,6 +46,8 @@ pub enum IfAbsent {
 }
 
 /// The raw events of `api` under `config`, retried with kube's default backoff.
+/// managedFields are dropped on arrival: nothing of ours reads them, and on a real
+/// cluster they are a large share of every object held and of every re-list's peak.
 pub fn events<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -53,7 +55,9 @@ pub fn events<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    watcher::watcher(api, config).default_backoff()
+    watcher::watcher(api, config)
+        .default_backoff()
+        .modify(|object| object.managed_fields_mut().clear())
 }
 
 /// [`events`] feeding the reflector store `writer` on the way.

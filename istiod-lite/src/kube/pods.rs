@@ -1,18 +1,15 @@
 //! Pods, indexed the two ways the CA asks about them: by name (is a token's
 //! pod still there, with that UID?) and by node and service account (does a pod
-//! with this identity run on the caller's node?). Kept from one watch, never
-//! listed per request.
+//! with this identity run on the caller's node?). Kept from the model's pod watch
+//! ([`PodIndexFeed`]), never listed per request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
-use mesh_kube::watch::{events, updates, IfAbsent, Update};
+use kube::ResourceExt;
+use mesh_kube::watch::Update;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 /// What the CA needs to know of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,9 +84,7 @@ impl PodIndex {
     pub fn apply(&self, pod: &Pod) {
         let mut index = self.write();
         index.remove(&key(pod));
-        if let Some(facts) = facts(pod) {
-            index.insert(key(pod), facts);
-        }
+        index.add(pod);
     }
 
     pub fn delete(&self, pod: &Pod) {
@@ -100,10 +95,12 @@ impl PodIndex {
     pub fn replace_all(&self, pods: &[Pod]) {
         let mut fresh = Index::default();
         for pod in pods {
-            if let Some(facts) = facts(pod) {
-                fresh.insert(key(pod), facts);
-            }
+            fresh.add(pod);
         }
+        self.swap_in(fresh);
+    }
+
+    fn swap_in(&self, fresh: Index) {
         *self.write() = fresh;
         self.synced.send_replace(true);
     }
@@ -118,6 +115,12 @@ impl PodIndex {
 }
 
 impl Index {
+    fn add(&mut self, pod: &Pod) {
+        if let Some(facts) = facts(pod) {
+            self.insert(key(pod), facts);
+        }
+    }
+
     fn insert(&mut self, key: (String, String), facts: PodFacts) {
         let node_key = (
             facts.node.clone(),
@@ -161,28 +164,33 @@ fn facts(pod: &Pod) -> Option<PodFacts> {
     })
 }
 
-/// Keeps `index` in step with every pod in the cluster until `shutdown`.
-pub async fn watch_pods(client: Client, index: PodIndex, shutdown: CancellationToken) {
-    let api: Api<Pod> = Api::all(client);
-    let events = events(api, watcher::Config::default());
-    let mut updates = std::pin::pin!(updates("pods", events, IfAbsent::Wait));
-    let mut listing: Vec<Pod> = Vec::new();
-    loop {
-        let update = tokio::select! {
-            () = shutdown.cancelled() => return,
-            update = updates.next() => update,
-        };
+/// Keeps a [`PodIndex`] in step with a pod watch's updates. istiod-lite has one pod
+/// watch, the model's: it feeds the index too, so a re-list of every pod in the
+/// cluster is fetched and held once, not twice.
+pub struct PodIndexFeed {
+    index: PodIndex,
+    /// A (re-)list being received: only each pod's facts, not the pods.
+    listing: Index,
+}
+
+impl PodIndexFeed {
+    pub fn new(index: PodIndex) -> Self {
+        PodIndexFeed {
+            index,
+            listing: Index::default(),
+        }
+    }
+
+    pub fn update(&mut self, update: &Update<Pod>) {
         match update {
-            Some(Update::Applied(pod)) => index.apply(&pod),
-            Some(Update::Deleted(pod)) => index.delete(&pod),
-            Some(Update::Relisting) => listing.clear(),
-            Some(Update::Listed(pod)) => listing.push(pod),
-            Some(Update::Synced) => {
-                index.replace_all(&listing);
-                tracing::info!(pods = index.len(), "pod index synced");
-                listing = Vec::new();
+            Update::Applied(pod) => self.index.apply(pod),
+            Update::Deleted(pod) => self.index.delete(pod),
+            Update::Relisting => self.listing = Index::default(),
+            Update::Listed(pod) => self.listing.add(pod),
+            Update::Synced => {
+                self.index.swap_in(std::mem::take(&mut self.listing));
+                tracing::info!(pods = self.index.len(), "pod index synced");
             }
-            None => return,
         }
     }
 }
@@ -199,6 +207,31 @@ mod tests {
             "status": {"phase": phase},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_feed_swaps_in_a_relist_only_once_it_is_complete() {
+        let index = PodIndex::default();
+        let mut feed = PodIndexFeed::new(index.clone());
+        feed.update(&Update::Relisting);
+        feed.update(&Update::Listed(pod("a", "p1", "u1", "sa", "n1", "Running")));
+        assert!(!index.is_synced() && index.get("a", "p1").is_none());
+        feed.update(&Update::Synced);
+        assert!(index.is_synced() && index.identity_on_node("n1", "a", "sa"));
+        // The watch restarts; p1 was deleted meanwhile and p2 created.
+        feed.update(&Update::Relisting);
+        feed.update(&Update::Listed(pod("a", "p2", "u2", "sb", "n2", "Running")));
+        assert!(
+            index.identity_on_node("n1", "a", "sa"),
+            "the old index serves until the list is complete"
+        );
+        feed.update(&Update::Synced);
+        assert!(!index.identity_on_node("n1", "a", "sa"));
+        assert_eq!(index.get("a", "p2").unwrap().uid, "u2");
+        feed.update(&Update::Deleted(pod(
+            "a", "p2", "u2", "sb", "n2", "Running",
+        )));
+        assert!(index.get("a", "p2").is_none());
     }
 
     #[test]

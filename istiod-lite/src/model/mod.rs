@@ -34,6 +34,7 @@ use tracing::debug;
 
 pub use snapshot::{build, Built};
 
+use crate::kube::pods::{PodIndex, PodIndexFeed};
 use crate::xds::store::ResourceStore;
 use mesh_kube::watch::IfAbsent;
 use snapshot::{Rebuilder, Stores};
@@ -81,11 +82,12 @@ pub fn authorization_policy_resource() -> ApiResource {
 
 /// Starts the watches and the rebuild loop; they run until `cancel` fires. The
 /// returned flag turns true once every kind is listed and the first complete set of
-/// resources is in `store`.
+/// resources is in `store`. The pod watch also keeps the CA's `pod_index`.
 pub fn start(
     client: Client,
     opts: Options,
     store: ResourceStore,
+    pod_index: PodIndex,
     cancel: CancellationToken,
 ) -> signal::Receiver<bool> {
     let changes = signal::Sender::new(0u64);
@@ -116,6 +118,7 @@ pub fn start(
         namespaces,
         IfAbsent::Wait,
         progress(4),
+        |_| {},
         c.clone(),
     );
     watch::spawn(
@@ -124,6 +127,10 @@ pub fn start(
         pods,
         IfAbsent::Wait,
         progress(0),
+        {
+            let mut feed = PodIndexFeed::new(pod_index);
+            move |update| feed.update(update)
+        },
         c.clone(),
     );
     watch::spawn(
@@ -132,6 +139,7 @@ pub fn start(
         services,
         IfAbsent::Wait,
         progress(1),
+        |_| {},
         c.clone(),
     );
     let ap_api = Api::<DynamicObject>::all_with(client.clone(), &ap);
@@ -141,6 +149,7 @@ pub fn start(
         policies,
         IfAbsent::Empty,
         progress(2),
+        |_| {},
         c.clone(),
     );
     let pa_api = Api::<DynamicObject>::all_with(client, &pa);
@@ -150,6 +159,7 @@ pub fn start(
         peer_authns,
         IfAbsent::Empty,
         progress(3),
+        |_| {},
         c.clone(),
     );
 

@@ -31,13 +31,15 @@ impl Progress {
     }
 }
 
-/// Runs the watch of `kind` until `cancel` fires.
+/// Runs the watch of `kind` until `cancel` fires; `observe` sees every update after
+/// the store has it.
 pub(super) fn spawn<K>(
     kind: &'static str,
     api: Api<K>,
     writer: Writer<K>,
     if_absent: IfAbsent,
     progress: Progress,
+    mut observe: impl FnMut(&Update<K>) + Send + 'static,
     cancel: CancellationToken,
 ) where
     K: Resource + Lookup + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -51,11 +53,12 @@ pub(super) fn spawn<K>(
                 _ = cancel.cancelled() => break,
                 update = updates.next() => update,
             };
+            let Some(update) = update else { break };
+            observe(&update);
             match update {
-                None => break,
-                Some(Update::Applied(_) | Update::Deleted(_)) => progress.changed(),
-                Some(Update::Relisting | Update::Listed(_)) => {}
-                Some(Update::Synced) => {
+                Update::Applied(_) | Update::Deleted(_) => progress.changed(),
+                Update::Relisting | Update::Listed(_) => {}
+                Update::Synced => {
                     progress.synced.store(true, Ordering::SeqCst);
                     progress.changed();
                 }

@@ -21,8 +21,11 @@ use sha2::{Digest, Sha256};
 use shared_types::istio::xds::Any;
 use tokio::sync::watch;
 
-/// How many changes the log keeps for streams catching up.
-const LOG_LIMIT: usize = 100_000;
+/// The log keeps at least this many changes for streams catching up, and otherwise
+/// as many as there are resources: a stream further behind than that would read more
+/// of the log than comparing everything costs. Bounded by what is served, not by time,
+/// so churn (every deleted pod's name in the log) cannot grow it.
+const LOG_MIN: usize = 1024;
 
 /// One resource as served. Names are shared with every stream that holds them.
 #[derive(Debug, Clone, PartialEq)]
@@ -219,7 +222,9 @@ impl ResourceStore {
         inner
             .log
             .extend(changed.into_iter().map(|name| (generation, type_url, name)));
-        while inner.log.len() > LOG_LIMIT {
+        let limit = LOG_MIN.max(inner.resources.values().map(|v| v.entries.len()).sum());
+        // Whole generations only: a stream one generation behind must see all of it.
+        while inner.log.len() > limit && inner.log.front().is_some_and(|e| e.0 < generation) {
             inner.log.pop_front();
         }
         inner.published.push_back((generation, Instant::now()));
@@ -365,8 +370,8 @@ mod tests {
     #[test]
     fn a_stream_behind_the_log_compares_everything() {
         let store = ResourceStore::default();
-        for i in 0..=(LOG_LIMIT / 1000 + 1) {
-            let set: Vec<(String, Any)> = (0..1000)
+        for i in 0..3 {
+            let set: Vec<(String, Any)> = (0..LOG_MIN)
                 .map(|n| (format!("r{n}"), any(format!("{i}").as_bytes())))
                 .collect();
             store.replace_all("A", set);
@@ -376,5 +381,31 @@ mod tests {
             store.changes_since(store.generation() - 1).0,
             Changes::Names(_)
         ));
+    }
+
+    #[test]
+    fn churn_does_not_grow_the_log_beyond_what_is_served() {
+        let store = ResourceStore::default();
+        // Pods come and go, 50 at a time: 100,000 changes, 50 resources served.
+        for i in 0..1000 {
+            let set: Vec<(String, Any)> = (0..50)
+                .map(|n| (format!("pod-{i}-{n}"), any(b"w")))
+                .collect();
+            store.replace_all("A", set);
+        }
+        let log = store.read().log.len();
+        assert!(log <= LOG_MIN, "{log} changes kept for 50 resources");
+        // A stream one generation behind still reads only what changed.
+        let Changes::Names(names) = store.changes_since(store.generation() - 1).0 else {
+            panic!("one generation behind is in the log");
+        };
+        assert_eq!(names["A"].len(), 100, "50 gone, 50 new");
+        // One generation with more changes than the limit is kept whole.
+        let set: Vec<(String, Any)> = (0..2000).map(|n| (format!("svc-{n}"), any(b"s"))).collect();
+        store.replace_all("A", set);
+        let Changes::Names(names) = store.changes_since(store.generation() - 1).0 else {
+            panic!("the latest generation is in the log");
+        };
+        assert_eq!(names["A"].len(), 2050, "50 gone, 2000 new");
     }
 }

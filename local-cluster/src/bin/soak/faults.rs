@@ -17,7 +17,7 @@ const GRACE: Duration = Duration::from_secs(15);
 /// A fault that is not over after this long fails the soak (which goes on without it).
 pub const LIMIT: Duration = Duration::from_secs(180);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
     /// SIGKILL to istiod-lite; the kubelet restarts the container.

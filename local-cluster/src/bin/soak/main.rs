@@ -51,6 +51,13 @@ struct Args {
     /// New connections per second in all (default 1200; 200 with --quick).
     #[arg(long, env = "SOAK_RATE")]
     rate: Option<u32>,
+    /// The faults, injected in turn (default: all four; e.g. `api-server-restart` alone
+    /// to see what one kind of fault does to the mesh over many rounds).
+    #[arg(long, env = "SOAK_FAULTS", value_enum, value_delimiter = ',')]
+    faults: Vec<faults::Kind>,
+    /// Seconds between faults (default 300; 20 with --quick).
+    #[arg(long, env = "SOAK_FAULT_EVERY")]
+    fault_every: Option<u64>,
     /// Where samples, the summary and the plot go.
     #[arg(long, default_value = "target/soak")]
     out: PathBuf,
@@ -68,6 +75,7 @@ struct Plan {
     warm_up_s: u64,
     first_fault_s: u64,
     fault_every_s: u64,
+    faults: Vec<faults::Kind>,
     /// When the node link is captured for plaintext.
     capture_at_s: u64,
 }
@@ -89,7 +97,12 @@ impl Plan {
             new_connections_per_s: a.rate.unwrap_or(rate),
             warm_up_s,
             first_fault_s: warm_up_s + 10,
-            fault_every_s: if a.quick { 20 } else { 300 },
+            fault_every_s: a.fault_every.unwrap_or(if a.quick { 20 } else { 300 }),
+            faults: if a.faults.is_empty() {
+                faults::SCHEDULE.to_vec()
+            } else {
+                a.faults.clone()
+            },
             capture_at_s: warm_up_s - 20,
         }
     }
@@ -333,8 +346,8 @@ fn run(c: &mut LocalCluster, plan: &Plan, out: &std::path::Path) -> Result<bool>
                 active = None;
             }
         } else if now >= next_fault && now < last_fault_by {
-            let kind = faults::SCHEDULE[round % faults::SCHEDULE.len()];
-            let fault = faults::inject(c, kind, round / faults::SCHEDULE.len(), now)?;
+            let kind = plan.faults[round % plan.faults.len()];
+            let fault = faults::inject(c, kind, round / plan.faults.len(), now)?;
             println!("  {:>6.0}s  {}", now, fault.name());
             active = Some((fault, Instant::now()));
             round += 1;
