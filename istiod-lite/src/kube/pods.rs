@@ -91,7 +91,9 @@ impl PodIndex {
         self.write().remove(&key(pod));
     }
 
-    /// Swaps in a complete list (after a (re-)list), so nothing stale survives.
+    /// Swaps in a complete list, as [`PodIndexFeed`] does after a (re-)list: for tests
+    /// that set up an index without a watch.
+    #[cfg(test)]
     pub fn replace_all(&self, pods: &[Pod]) {
         let mut fresh = Index::default();
         for pod in pods {
