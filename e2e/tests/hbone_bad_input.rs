@@ -2,21 +2,24 @@
 //! every bad request gets Istio's error answer and a counter, never a crash, and
 //! the ztunnel keeps serving good requests afterwards.
 
+#[path = "support/hbone_client.rs"]
+mod hbone_client;
+
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use local_cluster::mesh::{self, metric_sum, ztunnel_metrics};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use local_cluster::mesh::{self, ztunnel_metrics};
+
 use test_support::netns::{link, Netns};
 use test_support::process::ChildGuard;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use hbone_client::{h2_session, status, AcceptAnyServer};
 use ztunnel::identity::{CertificateAuthority, Identity};
 
 const CONFIG: &str = r#"workloads:
@@ -30,6 +33,8 @@ const CONFIG: &str = r#"workloads:
 const HBONE: &str = "10.10.0.2:15008";
 /// An address of B that belongs to no workload.
 const OTHER_HBONE: &str = "10.10.0.3:15008";
+/// A CONNECT each new session starts with, to see a refused client certificate.
+const PROBE: &str = "10.10.0.2:9";
 
 #[test]
 fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
@@ -112,7 +117,7 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
                         .with_custom_certificate_verifier(Arc::new(AcceptAnyServer))
                         .with_no_client_auth();
                 assert!(
-                    h2_session(no_cert, HBONE).await.is_err(),
+                    h2_session(no_cert, HBONE, PROBE).await.is_err(),
                     "TLS without client cert must fail"
                 );
             })
@@ -130,8 +135,10 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
                 config.alpn_protocols = vec![b"h2".to_vec()];
                 config
             };
-            let mut h2 = h2_session(with_cert(), HBONE).await.expect("mTLS session");
-            let mut other = h2_session(with_cert(), OTHER_HBONE)
+            let mut h2 = h2_session(with_cert(), HBONE, PROBE)
+                .await
+                .expect("mTLS session");
+            let mut other = h2_session(with_cert(), OTHER_HBONE, PROBE)
                 .await
                 .expect("mTLS session");
             // Each refusal moves its own counter, by one. `other` reached B's second
@@ -229,48 +236,6 @@ fn bad_hbone_input_is_refused_and_counted() -> Result<()> {
     Ok(())
 }
 
-/// A waypoint-bound workload: its traffic must pass the waypoint's L7 policy, which
-/// this ztunnel cannot vouch for, so CONNECTs to it are refused (401) and counted.
-#[test]
-fn connect_to_a_waypoint_bound_workload_is_refused() -> Result<()> {
-    if !test_support::can_run_root_tests() {
-        return Ok(());
-    }
-    let waypoint_bound = format!(
-        "{CONFIG}  waypoint:\n    destination: vms/waypoint.vms.svc.cluster.local\n    hboneMtlsPort: 15008\n"
-    );
-    let pair = Pair::new("wpb", &waypoint_bound)?;
-    let tls = pair.client_tls()?;
-    pair.client.run_inside(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let mut h2 = h2_session(tls, HBONE).await.expect("mTLS session");
-            assert_eq!(
-                status(&mut h2, Method::CONNECT, "10.10.0.2:9000").await,
-                StatusCode::UNAUTHORIZED
-            );
-        });
-    })?;
-    let metrics = ztunnel_metrics(&pair.server)?;
-    assert!(
-        metric_sum(
-            &metrics,
-            "ztunnel_errors_total",
-            &[("reason", "hbone_waypoint_required")]
-        ) >= 1.0,
-        "{metrics}"
-    );
-    assert!(
-        pair.ztunnel.log().contains("names a waypoint"),
-        "the local config loader warns: {}",
-        pair.ztunnel.log()
-    );
-    Ok(())
-}
-
 /// Many connections to the metrics port (it listens on all addresses) that never
 /// finish their request head: new scrapes are still served, the oldest slow ones are
 /// closed to make room, and any unfinished head is closed after the header timeout.
@@ -342,10 +307,9 @@ fn slow_loris_on_the_metrics_port_does_not_stop_new_connections() -> Result<()> 
 /// A (10.10.0.1) has no ztunnel and talks to B's ports directly.
 struct Pair {
     _echo: ChildGuard,
-    ztunnel: ChildGuard,
+    _ztunnel: ChildGuard,
     client: Netns,
     server: Netns,
-    ca_dir: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -366,32 +330,14 @@ impl Pair {
         let echo = ChildGuard::spawn(&format!("{tag}-echo"), echo_cmd)?;
         Ok(Pair {
             _echo: echo,
-            ztunnel,
+            _ztunnel: ztunnel,
             client,
             server,
-            ca_dir,
             _dir: dir,
         })
     }
-
-    /// A client config with a mesh certificate (vms/client), accepting any server.
-    fn client_tls(&self) -> Result<rustls::ClientConfig> {
-        let ca = CertificateAuthority::load(&self.ca_dir)?;
-        let cert = ca.issue(
-            &Identity::new("cluster.local", "vms", "client"),
-            Duration::from_secs(3600),
-        )?;
-        Ok(
-            rustls::ClientConfig::builder_with_provider(ztunnel::tls::crypto_provider())
-                .with_protocol_versions(&[&rustls::version::TLS13])?
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AcceptAnyServer))
-                .with_client_auth_cert(cert.chain.clone(), cert.private_key())?,
-        )
-    }
 }
 
-/// Waits for the server to close `tcp` (any bytes it sends first are ignored).
 /// ztunnel's refusals so far, by reason (`ztunnel_errors_total`).
 fn refusals(ns: &Netns) -> BTreeMap<String, f64> {
     let metrics = ztunnel_metrics(ns).expect("ztunnel's metrics");
@@ -422,6 +368,7 @@ async fn refused_once(ns: &Netns, reason: &str, case: impl std::future::Future<O
     assert_eq!(after, expected, "{reason}: counters before {before:?}");
 }
 
+/// Waits for the server to close `tcp` (any bytes it sends first are ignored).
 async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
     let mut buf = [0u8; 1024];
     tokio::time::timeout(within, async {
@@ -434,75 +381,4 @@ async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
     })
     .await
     .is_ok()
-}
-
-async fn h2_session(
-    config: rustls::ClientConfig,
-    addr: &str,
-) -> Result<h2::client::SendRequest<Bytes>> {
-    let mut config = config;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let addr: SocketAddr = addr.parse()?;
-    let tcp = TcpStream::connect(addr).await?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
-        .await?;
-    let (send, connection) = h2::client::handshake(tls).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    // With TLS 1.3 a refused client certificate shows up on the first exchange.
-    let mut ready = send.ready().await?;
-    let probe = Request::builder()
-        .method(Method::CONNECT)
-        .uri("10.10.0.2:9")
-        .body(())?;
-    let (response, _) = ready.send_request(probe, true)?;
-    response.await?;
-    Ok(ready)
-}
-
-async fn status(h2: &mut h2::client::SendRequest<Bytes>, method: Method, uri: &str) -> StatusCode {
-    let request = Request::builder().method(method).uri(uri).body(()).unwrap();
-    let mut ready = h2.clone().ready().await.unwrap();
-    let (response, _) = ready.send_request(request, true).unwrap();
-    response.await.unwrap().status()
-}
-
-/// The test inspects the server's answers; server authentication is not under test.
-#[derive(Debug)]
-struct AcceptAnyServer;
-
-impl ServerCertVerifier for AcceptAnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        ztunnel::tls::crypto_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }

@@ -8,7 +8,6 @@
 
 use libfuzzer_sys::fuzz_target;
 use ztunnel::discovery::parse_local_config;
-use ztunnel::discovery::waypoints;
 
 fuzz_target!(|data: &[u8]| {
     // A reload reads the file as UTF-8 first.
@@ -27,11 +26,14 @@ fuzz_target!(|data: &[u8]| {
     for p in state.policies() {
         assert!(!p.name.is_empty(), "{p:?}");
     }
-    // What a reload logs about waypoints.
-    let _ = waypoints::bound(
-        state.workloads().map(|w| w.as_ref()),
-        state.services().map(|s| s.as_ref()),
-    );
+    // Every waypoint named resolves (to its instances, or to none).
+    let named = state
+        .workloads()
+        .filter_map(|w| w.waypoint.clone())
+        .chain(state.services().filter_map(|s| s.waypoint.clone()));
+    for waypoint in named {
+        let _ = state.gateway_workloads(&waypoint);
+    }
 
     let dump = state.dump();
     let again = parse_local_config(&dump.to_string()).expect("a config dump loads");

@@ -31,6 +31,7 @@ pub mod node;
 pub mod objects;
 pub mod services;
 pub mod standalone;
+pub mod waypoint;
 pub mod zds_agent;
 
 pub use cluster::{LocalCluster, MeshInstall, Topology};

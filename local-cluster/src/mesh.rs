@@ -75,6 +75,21 @@ pub fn start_shared_ztunnel(
     start_ztunnel(ns, ca_dir, local_config, &env)
 }
 
+/// A waypoint in `ns` serving the dedicated workload `workload_info`
+/// (`namespace/name/service-account`), with no control plane: the CA and local config
+/// given (as a ztunnel's), plus `env`; returns once it reports ready.
+pub fn start_waypoint(
+    ns: &Netns,
+    workload_info: &str,
+    ca_dir: &Path,
+    local_config: &Path,
+    extra_env: &[(&str, &str)],
+) -> Result<ChildGuard> {
+    let mut env = vec![("PROXY_WORKLOAD_INFO", workload_info)];
+    env.extend_from_slice(extra_env);
+    start_proxy("waypoint", ns, ca_dir, local_config, &env)
+}
+
 /// ztunnel in `ns` with no control plane, the CA and local config given, plus `env`;
 /// returns once it reports ready. With `ZTUNNEL_TEST_WRAPPER` set (a command line,
 /// split at whitespace, e.g. `valgrind --tool=callgrind`), ztunnel runs under it.
@@ -84,8 +99,22 @@ fn start_ztunnel(
     local_config: &Path,
     env: &[(&str, &str)],
 ) -> Result<ChildGuard> {
-    let ztunnel = binary("ztunnel")?;
-    let wrapper = std::env::var("ZTUNNEL_TEST_WRAPPER").unwrap_or_default();
+    start_proxy("ztunnel", ns, ca_dir, local_config, env)
+}
+
+/// `program` (ztunnel, or the waypoint built on it) as [`start_ztunnel`] runs it.
+fn start_proxy(
+    program: &str,
+    ns: &Netns,
+    ca_dir: &Path,
+    local_config: &Path,
+    env: &[(&str, &str)],
+) -> Result<ChildGuard> {
+    let ztunnel = binary(program)?;
+    let wrapper = match program {
+        "ztunnel" => std::env::var("ZTUNNEL_TEST_WRAPPER").unwrap_or_default(),
+        _ => String::new(),
+    };
     let mut cmd = match wrapper.split_whitespace().collect::<Vec<_>>().split_first() {
         Some((program, args)) => {
             let mut cmd = ns.command(program);
@@ -104,7 +133,7 @@ fn start_ztunnel(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let guard = ChildGuard::spawn(&format!("ztunnel-{}", ns.name()), cmd)?;
+    let guard = ChildGuard::spawn(&format!("{program}-{}", ns.name()), cmd)?;
     wait_ready(ns, &guard)?;
     Ok(guard)
 }

@@ -6,6 +6,9 @@
 //! istiod-lite builds these from Kubernetes objects and sends them as xDS; ztunnel
 //! reads them from xDS or from its local file and enforces them.
 
+/// Istio's AuthorizationPolicy spec, as Kubernetes stores it.
+#[allow(missing_docs)] // The fields are the CRD's own, documented by Istio.
+pub mod authorization_policy;
 pub mod policy;
 /// Serde helpers for the local-config format (also used by its readers).
 pub mod serde_util;
@@ -17,5 +20,5 @@ pub use policy::{
     Action, Authorization, ConnectionAttrs, Denied, RbacMatch, Scope, ServiceAccountMatch,
     StringMatch,
 };
-pub use service::{NamespacedHostname, NetworkAddress, Service};
+pub use service::{AppProtocol, NamespacedHostname, NetworkAddress, Service};
 pub use workload::{HealthStatus, Protocol, Workload};

@@ -214,8 +214,7 @@ pub struct Service {
         skip_serializing_if = "HashMap::is_empty"
     )]
     pub endpoints: HashMap<String, Endpoint>,
-    /// Waypoint for traffic to this service; ztunnel refuses such connections, as it
-    /// does not support waypoints.
+    /// Waypoint for traffic addressed to this service (its VIPs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<GatewayAddress>,
     /// Load-balancing settings; only `healthPolicy` is acted on.
@@ -228,6 +227,25 @@ pub struct Service {
     /// (e.g. a Service and a ServiceEntry) share it.
     #[serde(default, skip_serializing_if = "is_default")]
     pub canonical: bool,
+    /// Service port -> its application protocol, where declared (`appProtocol` or a
+    /// port name prefix): how a waypoint reads the traffic. Istio sends it in the
+    /// xDS `Port`; its local-config format has no such field (an extension here).
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub app_protocols: HashMap<u16, AppProtocol>,
+}
+
+/// A port's application protocol, as Istio's workload API names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AppProtocol {
+    /// HTTP/1.1.
+    #[serde(rename = "HTTP11")]
+    Http11,
+    /// HTTP/2 (with or without TLS underneath the mesh's).
+    #[serde(rename = "HTTP2")]
+    Http2,
+    /// gRPC: HTTP/2.
+    #[serde(rename = "GRPC")]
+    Grpc,
 }
 
 impl Service {

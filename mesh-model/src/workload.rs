@@ -1,8 +1,8 @@
 //! Workloads: the pods (or VMs) the mesh knows, in Istio's local-config shape.
 //!
 //! Field names, enum spellings and defaults follow Istio's ztunnel so a `LOCAL_XDS_PATH`
-//! file written for it loads unchanged. Fields we do not act on yet (waypoints, network
-//! gateways, locality, ...) are still parsed so they round-trip into `/config_dump`.
+//! file written for it loads unchanged. Fields we do not act on yet (network gateways,
+//! locality, ...) are still parsed so they round-trip into `/config_dump`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -200,8 +200,7 @@ pub struct Workload {
     )]
     pub services: HashMap<String, HashMap<u16, u16>>,
 
-    /// Waypoint for traffic to this workload; ztunnel refuses such connections, as it
-    /// does not support waypoints.
+    /// Waypoint for traffic addressed to this workload directly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<GatewayAddress>,
     /// East-west gateway that reaches the workload from another network (parsed, not used).

@@ -15,8 +15,8 @@ use shared_types::istio::workload as pb;
 
 use crate::policy::{Action, RbacMatch, Scope, ServiceAccountMatch, StringMatch};
 use crate::service::{
-    IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope,
-    NamespacedHostname, NetworkAddress,
+    AppProtocol, IpFamilies, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode,
+    LoadBalancerScope, NamespacedHostname, NetworkAddress,
 };
 use crate::workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus,
@@ -104,11 +104,26 @@ fn gateway(g: pb::GatewayAddress, field: &str) -> Result<GatewayAddress, Convert
     })
 }
 
-fn port_map(ports: Vec<pb::Port>, field: &str) -> Result<HashMap<u16, u16>, ConvertError> {
+fn port_map(ports: &[pb::Port], field: &str) -> Result<HashMap<u16, u16>, ConvertError> {
     ports
-        .into_iter()
+        .iter()
         .map(|p| Ok((port(p.service_port, field)?, port(p.target_port, field)?)))
         .collect()
+}
+
+/// The declared application protocols of `ports` (unknown ones are left out).
+fn app_protocols(ports: &[pb::Port]) -> Result<HashMap<u16, AppProtocol>, ConvertError> {
+    let mut out = HashMap::new();
+    for p in ports {
+        let protocol = match pb::AppProtocol::try_from(p.app_protocol) {
+            Ok(pb::AppProtocol::Http11) => AppProtocol::Http11,
+            Ok(pb::AppProtocol::Http2) => AppProtocol::Http2,
+            Ok(pb::AppProtocol::Grpc) => AppProtocol::Grpc,
+            Ok(pb::AppProtocol::Unknown) | Err(_) => continue,
+        };
+        out.insert(port(p.service_port, "ports")?, protocol);
+    }
+    Ok(out)
 }
 
 /// A `Workload`. It needs a uid; sidecar workloads (`LEGACY_ISTIO_MTLS`) are refused.
@@ -155,7 +170,7 @@ pub fn workload(w: pb::Workload) -> Result<Workload, ConvertError> {
         .services
         .into_iter()
         .map(|(key, list)| {
-            let ports = port_map(list.ports, &format!("services[{key}]"))?;
+            let ports = port_map(&list.ports, &format!("services[{key}]"))?;
             Ok((key, ports))
         })
         .collect::<Result<_, ConvertError>>()?;
@@ -258,7 +273,8 @@ pub fn service(s: pb::Service) -> Result<Service, ConvertError> {
             .into_iter()
             .map(|a| network_address(a, "addresses"))
             .collect::<Result<_, _>>()?,
-        ports: port_map(s.ports, "ports")?,
+        ports: port_map(&s.ports, "ports")?,
+        app_protocols: app_protocols(&s.ports)?,
         waypoint: s.waypoint.map(|g| gateway(g, "waypoint")).transpose()?,
         name: s.name,
         namespace: s.namespace,
@@ -412,7 +428,7 @@ pub fn encode_workload(w: &Workload) -> pb::Address {
             .iter()
             .map(|(key, ports)| {
                 let list = pb::PortList {
-                    ports: encode_ports(ports),
+                    ports: encode_ports(ports, &HashMap::new()),
                 };
                 (key.clone(), list)
             })
@@ -456,7 +472,7 @@ pub fn encode_service(s: &Service) -> pb::Address {
                 length: None,
             })
             .collect(),
-        ports: encode_ports(&s.ports),
+        ports: encode_ports(&s.ports, &s.app_protocols),
         subject_alt_names: s.subject_alt_names.clone(),
         waypoint: s.waypoint.as_ref().map(encode_gateway),
         load_balancing: s.load_balancer.as_ref().map(|lb| pb::LoadBalancing {
@@ -600,13 +616,18 @@ fn encode_gateway(g: &GatewayAddress) -> pb::GatewayAddress {
 }
 
 /// Service port order, so equal maps encode alike.
-fn encode_ports(ports: &HashMap<u16, u16>) -> Vec<pb::Port> {
+fn encode_ports(ports: &HashMap<u16, u16>, protocols: &HashMap<u16, AppProtocol>) -> Vec<pb::Port> {
     let mut out: Vec<pb::Port> = ports
         .iter()
         .map(|(service_port, target_port)| pb::Port {
             service_port: u32::from(*service_port),
             target_port: u32::from(*target_port),
-            app_protocol: 0,
+            app_protocol: match protocols.get(service_port) {
+                None => pb::AppProtocol::Unknown,
+                Some(AppProtocol::Http11) => pb::AppProtocol::Http11,
+                Some(AppProtocol::Http2) => pb::AppProtocol::Http2,
+                Some(AppProtocol::Grpc) => pb::AppProtocol::Grpc,
+            } as i32,
         })
         .collect();
     out.sort_by_key(|p| p.service_port);

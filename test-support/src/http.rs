@@ -20,3 +20,41 @@ pub fn get_ok(addr: SocketAddr, path: &str) -> Option<String> {
     s.read_to_string(&mut text).ok()?;
     text.starts_with("HTTP/1.1 200").then_some(text)
 }
+
+/// One HTTP/1.1 request from this thread's namespace (so a namespace's capture rules
+/// apply): `(status, body)`. `headers` are `name: value` lines.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+) -> std::io::Result<(u16, String)> {
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, TIMEOUT)?;
+    s.set_read_timeout(Some(TIMEOUT))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not an HTTP response: {text:?}"),
+        )
+    };
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(bad)?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}

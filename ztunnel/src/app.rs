@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use futures::future::BoxFuture;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -31,12 +32,28 @@ use mesh_runtime::logging::LogHandle;
 use mesh_runtime::netns::NetnsSwitch;
 use mesh_runtime::readiness::{BlockReady, Readiness};
 
+/// What serves a dedicated-mode workload once its identity, discovery and admin
+/// servers are set up: ztunnel's own three listeners, or another proxy built on the
+/// same parts (the waypoint), which binds its own listeners and spawns their tasks.
+pub type DedicatedProxy =
+    Box<dyn FnOnce(&Config, ProxyInputs) -> BoxFuture<'static, anyhow::Result<()>> + Send>;
+
 /// Runs ztunnel until SIGTERM, SIGINT or `/quitquitquit`, then drains.
-pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
+pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
+    run_with(config, logging, Arc::new(Metrics::new()), None).await
+}
+
+/// [`run`], with the metrics registry given and, in dedicated mode, `proxy` serving
+/// the workload instead of ztunnel's listeners.
+pub async fn run_with(
+    mut config: Config,
+    logging: Option<LogHandle>,
+    metrics: Arc<Metrics>,
+    proxy: Option<DedicatedProxy>,
+) -> anyhow::Result<()> {
     if let Some(cluster) = config.meta_cluster_id.take() {
         config.cluster_id = cluster;
     }
-    let metrics = Arc::new(Metrics::new());
     let certs = SecretManager::new(
         certificate_source(&config)?,
         config.workload_cert_ttl,
@@ -125,35 +142,40 @@ pub async fn run(mut config: Config, logging: Option<LogHandle>) -> anyhow::Resu
             let local_sockets = LocalSocketFactory {
                 mark: config.packet_mark,
             };
-            let addrs = ListenAddrs {
-                outbound: config.outbound_addr,
-                inbound: config.inbound_addr,
-                inbound_plaintext: config.inbound_plaintext_addr,
-                transparent: false,
-                ipv6: config.ipv6_enabled,
-            };
-            let listeners = Listeners::bind(&local_sockets, addrs)
-                .await
-                .context("binding the proxy listeners")?;
-            info!(addrs = ?listeners.local_addrs(), "proxy listeners bound");
-            let sockets: Arc<dyn SocketFactory> = Arc::new(local_sockets);
-            if let Some(dns) = &dns {
-                dns.start(sockets.clone(), local.clone(), drain.clone())
-                    .await
-                    .with_context(|| format!("binding the DNS proxy to {}", dns.addr))?;
-            }
-            listeners.spawn(ProxyInputs {
+            let sockets: Arc<dyn SocketFactory> = Arc::new(local_sockets.clone());
+            let inputs = ProxyInputs {
                 state: state.clone(),
                 certs: certs.clone(),
                 metrics: metrics.clone(),
                 connections,
-                sockets,
-                local,
+                sockets: sockets.clone(),
+                local: local.clone(),
                 drain: drain.clone(),
                 transparent_inbound: false,
                 cluster_id: config.cluster_id.clone(),
                 own_ports: OwnPorts::from_config(&config),
-            });
+            };
+            if let Some(proxy) = proxy {
+                proxy(&config, inputs).await?;
+            } else {
+                let addrs = ListenAddrs {
+                    outbound: config.outbound_addr,
+                    inbound: config.inbound_addr,
+                    inbound_plaintext: config.inbound_plaintext_addr,
+                    transparent: false,
+                    ipv6: config.ipv6_enabled,
+                };
+                let listeners = Listeners::bind(&local_sockets, addrs)
+                    .await
+                    .context("binding the proxy listeners")?;
+                info!(addrs = ?listeners.local_addrs(), "proxy listeners bound");
+                if let Some(dns) = &dns {
+                    dns.start(sockets, local, drain.clone())
+                        .await
+                        .with_context(|| format!("binding the DNS proxy to {}", dns.addr))?;
+                }
+                listeners.spawn(inputs);
+            }
         }
         ProxyMode::Shared => {
             let netns_switch =

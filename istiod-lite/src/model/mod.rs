@@ -15,7 +15,6 @@
 pub mod convert;
 pub mod peer_authn;
 pub mod policy;
-mod policy_spec;
 mod snapshot;
 mod watch;
 

@@ -18,7 +18,7 @@ use kube::core::DynamicObject;
 use kube::ResourceExt;
 
 use super::convert::selects;
-use super::policy_spec::{list, Condition, From, Operation, Rule, Spec, To};
+use mesh_model::authorization_policy::{list, Condition, From, Operation, Rule, Spec, To};
 use mesh_model::serde_util::cidr_list;
 use mesh_model::{Action, Authorization, RbacMatch, Scope, ServiceAccountMatch, StringMatch};
 
@@ -82,7 +82,7 @@ pub fn convert(obj: &DynamicObject, root_namespace: &str) -> Result<ConvertedPol
         Some(v) => serde_json::from_value(v.clone())
             .map_err(|e| NotConverted::InvalidSpec(e.to_string()))?,
     };
-    if spec.target_ref.is_some() || spec.target_refs.as_ref().is_some_and(|t| !t.is_empty()) {
+    if spec.targets().next().is_some() {
         return Err(NotConverted::TargetRefs);
     }
     let action = match spec.action.as_deref().unwrap_or("") {

@@ -74,6 +74,12 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         hold_secs: u64,
     },
+    /// An HTTP/1.1 server: every request is answered 200 with one JSON object
+    /// describing what arrived: {"method", "path", "peer", "host", "headers": {..}}.
+    Http {
+        #[arg(long)]
+        listen: SocketAddr,
+    },
     /// HTTP GET (for metrics and admin endpoints inside a namespace); prints the body.
     Get { url: String },
     /// The test DNS upstream on UDP and TCP: `external.test.` A 192.0.2.1, `big.test.`
@@ -159,6 +165,7 @@ fn main() -> Result<()> {
             hold_secs,
         } => hold(connect, count, hold_secs),
         Cmd::Get { url } => get(&url),
+        Cmd::Http { listen } => http_server(listen),
         Cmd::Dns {
             listen,
             log_queries,
@@ -472,6 +479,42 @@ fn get(url: &str) -> Result<()> {
         bail!("GET {url} answered {}", head.lines().next().unwrap_or(""));
     }
     Ok(())
+}
+
+fn http_server(listen: SocketAddr) -> Result<()> {
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        loop {
+            let (stream, peer) = listener.accept().await?;
+            let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let headers: serde_json::Map<String, serde_json::Value> = request
+                    .headers()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+                    .collect();
+                let answer = serde_json::json!({
+                    "method": request.method().as_str(),
+                    "path": request.uri().path(),
+                    "peer": peer.to_string(),
+                    "headers": headers,
+                });
+                let body = Full::new(bytes::Bytes::from(answer.to_string()));
+                async move { Ok::<_, std::convert::Infallible>(hyper::Response::new(body)) }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
 }
 
 fn hex(bytes: &[u8]) -> String {

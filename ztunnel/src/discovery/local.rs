@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::local_fields::unknown_fields;
-use super::waypoints::{self, WaypointWarnings};
 use crate::state::service::NamespacedHostname;
 use crate::state::{Authorization, ProxyState, Service, StateStore, Workload};
 use mesh_model::serde_util::null_as_default;
@@ -176,8 +175,6 @@ pub async fn watch_local_file(
     let state = parse_bytes(&bytes)?;
     let (w, s, p) = state.counts();
     info!(path = %path.display(), workloads = w, services = s, policies = p, "local config loaded");
-    let mut waypoints = WaypointWarnings::default();
-    waypoints.report(SOURCE, waypoints::bound_in(&state));
     store.replace_source(SOURCE, state);
 
     let (tx, rx) = mpsc::unbounded_channel();
@@ -195,7 +192,6 @@ pub async fn watch_local_file(
         errors,
         last_attempt: Some(bytes),
         last_read_failed: false,
-        waypoints,
     };
     let mut rx = watcher.is_some().then_some(rx);
     Ok(tokio::spawn(async move {
@@ -272,7 +268,6 @@ struct Reloader {
     /// directory and repeated events for one edit cost a read, not a reload or an error.
     last_attempt: Option<Vec<u8>>,
     last_read_failed: bool,
-    waypoints: WaypointWarnings,
 }
 
 impl Reloader {
@@ -307,7 +302,6 @@ impl Reloader {
         match result {
             Ok(state) => {
                 let (w, s, p) = state.counts();
-                self.waypoints.report(SOURCE, waypoints::bound_in(&state));
                 self.store.replace_source(SOURCE, state);
                 self.reloads.inc();
                 info!(

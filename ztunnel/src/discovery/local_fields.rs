@@ -48,7 +48,12 @@ pub(super) const SERVICE: &[&str] = &[
     "loadBalancer",
     "ipFamilies",
     "canonical",
+    "appProtocols",
 ];
+
+/// Service keys of ours, not Istio's: a file using them is for our proxies only.
+#[cfg(test)]
+pub(super) const SERVICE_EXTENSIONS: &[&str] = &["appProtocols"];
 
 pub(super) const POLICY: &[&str] = &["name", "namespace", "scope", "action", "rules", "dryRun"];
 

@@ -221,10 +221,25 @@ fn known_field_lists_match_the_structs() {
         all(cfg.workloads.iter().map(keys).collect()),
         set(local_fields::WORKLOAD)
     );
+    // Istio's fixture has every Istio field; our extensions are checked below.
+    let istio_service_fields = &set(local_fields::SERVICE) - &set(local_fields::SERVICE_EXTENSIONS);
     assert_eq!(
         all(cfg.services.iter().map(keys).collect()),
-        set(local_fields::SERVICE)
+        istio_service_fields
     );
+    let extended: serde_yaml::Value = serde_yaml::from_str(
+        "{name: s, namespace: n, hostname: s.n.svc.cluster.local, appProtocols: {80: HTTP11, 81: GRPC}}",
+    )
+    .unwrap();
+    let service: crate::state::Service = serde_yaml::from_value(extended).unwrap();
+    assert_eq!(
+        keys(&service)
+            .into_iter()
+            .filter(|k| local_fields::SERVICE_EXTENSIONS.contains(&k.as_str()))
+            .count(),
+        1
+    );
+    assert_eq!(service.app_protocols.len(), 2);
     assert_eq!(
         all(cfg.policies.iter().map(keys).collect()),
         set(local_fields::POLICY)

@@ -7,7 +7,6 @@
 
 pub mod local;
 mod local_fields;
-pub mod waypoints;
 pub mod xds;
 
 use tokio::sync::watch;

@@ -7,6 +7,7 @@
 pub mod early;
 #[cfg(test)]
 mod fixtures;
+pub mod io;
 pub mod pool;
 pub mod server;
 pub mod stream;

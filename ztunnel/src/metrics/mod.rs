@@ -60,6 +60,12 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
+        Self::for_component("ztunnel", |_| {})
+    }
+
+    /// The metrics of a proxy built on ztunnel's parts: `component` in `istio_build`,
+    /// and `register` adds its own metrics to the same exposition.
+    pub fn for_component(component: &'static str, register: impl FnOnce(&mut Registry)) -> Self {
         let mut registry = Registry::default();
         let metrics = Metrics {
             connections_opened: Family::default(),
@@ -107,7 +113,7 @@ impl Metrics {
         let build: Family<BuildLabels, Gauge> = Family::default();
         build
             .get_or_create(&BuildLabels {
-                component: "ztunnel",
+                component,
                 tag: env!("CARGO_PKG_VERSION"),
             })
             .set(1);
@@ -154,6 +160,7 @@ impl Metrics {
         );
         metrics.dns.register(&mut registry);
         metrics.xds.register(&mut registry);
+        register(&mut registry);
         Metrics {
             registry,
             ..metrics

@@ -20,6 +20,8 @@ pub enum Reporter {
     source,
     /// The server's ztunnel (inbound).
     destination,
+    /// A waypoint, between the two.
+    waypoint,
 }
 
 /// Istio's `connection_security_policy` label.
@@ -261,6 +263,12 @@ impl TrafficLabels {
     /// The connection is mutual TLS.
     pub fn mutual_tls(mut self) -> Self {
         self.connection_security_policy = SecurityPolicy::mutual_tls;
+        self
+    }
+
+    /// For an HTTP request rather than a connection (a waypoint's request metrics).
+    pub fn http(mut self) -> Self {
+        self.request_protocol = "http";
         self
     }
 

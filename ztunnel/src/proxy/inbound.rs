@@ -6,7 +6,7 @@
 //! 503 unknown workload, a target port of ztunnel's own, or upstream failure.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -23,7 +23,7 @@ use crate::hbone::stream::{copy_bidirectional, reset_on_close, H2Stream};
 use crate::hbone::{
     HANDSHAKE_TIMEOUT, STREAM_IDLE_TIMEOUT, TLS_READ_BUFFER, TLS_SEND_BUFFER_LIMIT,
 };
-use crate::identity::{Identity, WorkloadCertificate};
+use crate::identity::Identity;
 use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
 use crate::state::policy::ConnectionAttrs;
@@ -66,13 +66,7 @@ pub fn connect_target<B>(
 #[derive(Clone)]
 pub struct Inbound {
     inputs: ProxyInputs,
-    server_config: Arc<ServerConfigCache>,
-}
-
-/// The TLS server config for the current leaf, rebuilt only when the leaf renews.
-#[derive(Default)]
-struct ServerConfigCache {
-    current: Mutex<Option<(Arc<WorkloadCertificate>, Arc<rustls::ServerConfig>)>>,
+    server_config: Arc<tls::ServerConfigCache>,
 }
 
 /// The authenticated peer of one HBONE connection.
@@ -102,25 +96,9 @@ impl Inbound {
     }
 
     async fn tls_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
-        let cert = self
-            .inputs
-            .certs
-            .fetch(&self.inputs.local.identity)
+        self.server_config
+            .get(&self.inputs.certs, &self.inputs.local.identity)
             .await
-            .map_err(|e| e.to_string())?;
-        let mut current = self
-            .server_config
-            .current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some((cached, config)) = current.as_ref() {
-            if Arc::ptr_eq(cached, &cert) {
-                return Ok(config.clone());
-            }
-        }
-        let config = tls::server_config(&cert).map_err(|e| e.to_string())?;
-        *current = Some((cert, config.clone()));
-        Ok(config)
     }
 
     async fn serve(&self, tcp: TcpStream, peer_addr: SocketAddr) {
@@ -218,17 +196,10 @@ impl Inbound {
                 "unknown_workload",
             );
         };
-        if let Some(waypoint) = &dst.waypoint {
-            // Its L7 policy lives in the waypoint, which this ztunnel cannot verify the
-            // traffic went through (waypoints are not supported yet).
-            info!(%target, src = %peer.identity, waypoint = %waypoint.destination,
-                "refusing CONNECT: the workload names a waypoint, which this ztunnel does not support");
-            return refuse(
-                &mut respond,
-                StatusCode::UNAUTHORIZED,
-                "hbone_waypoint_required",
-            );
-        }
+        // A waypoint-bound workload is not refused here, as in Istio: a waypoint's
+        // CONNECT arrives with the waypoint's identity, traffic that rightly skips it
+        // (to a Service not bound to it, with `istio.io/waypoint-for: workload`) with
+        // the client's, and L4 policy decides between them.
         let source = state.workload_by_ip(peer.addr.ip());
         let labels = TrafficLabels::new(Reporter::destination)
             .with_source(source.as_deref())

@@ -66,7 +66,7 @@ impl InboundPassthrough {
         };
         if let Some(waypoint) = &dst.waypoint {
             info!(%target, src = %peer, waypoint = %waypoint.destination,
-                "refusing plaintext connection: the workload names a waypoint, which this ztunnel does not support");
+                "refusing plaintext connection: the workload names a waypoint, and plaintext cannot have come through it");
             metrics.error("plaintext_waypoint_required");
             return;
         }

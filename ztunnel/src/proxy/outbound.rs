@@ -1,11 +1,17 @@
 //! Outbound (15001): connections the capture rules redirected from the local
 //! workload. Mesh destinations get an HBONE tunnel, services are resolved to an
-//! endpoint, everything else passes through as plain TCP.
+//! endpoint, everything else passes through as plain TCP. A destination bound to a
+//! waypoint is tunnelled to the waypoint instead, as Istio's ztunnel does: a Service
+//! by its own waypoint (the CONNECT names the VIP), a workload addressed directly by
+//! the workload's (the CONNECT names the workload's address). The waypoint picks the
+//! endpoint and enforces its L7 policy; a waypoint with no ready instance refuses the
+//! connection rather than let it around.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rand::seq::IndexedRandom;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
@@ -19,7 +25,8 @@ use crate::identity::Identity;
 use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
 use crate::state::service::{IpFamilies, Service};
-use crate::state::workload::{Protocol, Workload};
+use crate::state::workload::{GatewayAddress, Protocol, Workload};
+use crate::state::ProxyState;
 use shared_types::constants::HBONE_PORT;
 
 /// How long pooled HBONE connections may sit idle (Istio: 5 minutes).
@@ -46,35 +53,18 @@ enum Route {
         service: Option<Arc<Service>>,
         target: SocketAddr,
     },
-}
-
-impl Route {
-    /// The waypoint the destination names, if any: (which resource, the waypoint).
-    /// The service's comes first, as the service's waypoint is the one Istio uses.
-    fn waypoint(&self) -> Option<(String, String)> {
-        let (workload, service) = match self {
-            Route::Hbone {
-                workload, service, ..
-            } => (Some(workload), service),
-            Route::Passthrough {
-                workload, service, ..
-            } => (workload.as_ref(), service),
-        };
-        if let Some(svc) = service {
-            if let Some(waypoint) = &svc.waypoint {
-                return Some((
-                    format!("service {}", svc.key()),
-                    waypoint.destination.to_string(),
-                ));
-            }
-        }
-        let workload = workload?;
-        let waypoint = workload.waypoint.as_ref()?;
-        Some((
-            format!("workload {workload}"),
-            waypoint.destination.to_string(),
-        ))
-    }
+    /// Through the destination's waypoint: HBONE to one of its instances, the
+    /// CONNECT naming the original destination.
+    Waypoint {
+        waypoint: Arc<Workload>,
+        /// The instance's HBONE address.
+        hbone: SocketAddr,
+        /// The Service addressed, if it was one.
+        service: Option<Arc<Service>>,
+    },
+    /// The destination names a waypoint that has no ready instance: refused, as going
+    /// around it would skip its policy. (which resource, the waypoint it names)
+    WaypointUnavailable { bound: String, waypoint: String },
 }
 
 /// The address of `workload` a connection to `service`'s VIP `vip` goes to: of the
@@ -91,6 +81,88 @@ fn endpoint_ip(service: &Service, workload: &Workload, vip: IpAddr) -> Option<Ip
         .find(|ip| ip.is_ipv4() == v4)
         .or(ips.first())
         .copied()
+}
+
+/// The next hop of an HBONE tunnel.
+struct Hop {
+    /// The workload whose ztunnel (or waypoint) terminates the tunnel.
+    next: Arc<Workload>,
+    /// Identities it may present.
+    expected: Vec<Identity>,
+    /// The Service addressed, for the metrics.
+    service: Option<Arc<Service>>,
+    /// Where the tunnel's TLS goes (`ip:15008`).
+    hbone: SocketAddr,
+    /// The CONNECT's target.
+    authority: SocketAddr,
+}
+
+impl Hop {
+    /// Straight to the endpoint's ztunnel, which may present the endpoint's identity
+    /// or one of the Service's SANs.
+    fn direct(workload: Arc<Workload>, service: Option<Arc<Service>>, target: SocketAddr) -> Self {
+        let mut expected = vec![workload.identity()];
+        if let Some(svc) = &service {
+            expected.extend(
+                svc.subject_alt_names
+                    .iter()
+                    .filter_map(|san| san.parse::<Identity>().ok()),
+            );
+        }
+        Hop {
+            next: workload,
+            expected,
+            service,
+            hbone: SocketAddr::new(target.ip(), HBONE_PORT),
+            authority: target,
+        }
+    }
+}
+
+/// The route through `waypoint` for a connection to `dst` (bound as `bound()` says):
+/// a random instance with an address of `dst`'s family (else any), or
+/// [`Route::WaypointUnavailable`] when it has none. `None` when the source is an
+/// instance of that waypoint: its own traffic goes on to the destination, never back
+/// through itself.
+fn via_waypoint(
+    state: &ProxyState,
+    waypoint: &GatewayAddress,
+    dst: SocketAddr,
+    source: Option<&Workload>,
+    bound: impl FnOnce() -> String,
+    service: Option<Arc<Service>>,
+) -> Option<Route> {
+    let instances = state.gateway_workloads(waypoint);
+    if source.is_some_and(|s| instances.iter().any(|i| i.uid == s.uid)) {
+        return None;
+    }
+    let reachable: Vec<(Arc<Workload>, IpAddr)> = instances
+        .into_iter()
+        .filter_map(|w| {
+            let ips = &w.workload_ips;
+            let ip = ips
+                .iter()
+                .find(|ip| ip.is_ipv4() == dst.is_ipv4())
+                .or(ips.first())
+                .copied()?;
+            Some((w, ip))
+        })
+        .collect();
+    let Some((instance, ip)) = reachable.choose(&mut rand::rng()).cloned() else {
+        return Some(Route::WaypointUnavailable {
+            bound: bound(),
+            waypoint: waypoint.destination.to_string(),
+        });
+    };
+    let port = match waypoint.hbone_mtls_port {
+        0 => HBONE_PORT,
+        port => port,
+    };
+    Some(Route::Waypoint {
+        waypoint: instance,
+        hbone: SocketAddr::new(ip, port),
+        service,
+    })
 }
 
 impl Outbound {
@@ -140,7 +212,8 @@ impl Outbound {
             metrics.error("self_call_outbound");
             return;
         }
-        let route = match self.route(orig_dst) {
+        let source = self.inputs.local_workload();
+        let route = match self.route(orig_dst, source.as_deref()) {
             Some(route) => route,
             None => {
                 warn!(dst = %orig_dst, "service has no healthy endpoint");
@@ -148,15 +221,6 @@ impl Outbound {
                 return;
             }
         };
-        if let Some((bound, waypoint)) = route.waypoint() {
-            // Fail closed, as Istio does for a waypoint it cannot resolve: going
-            // around the waypoint would skip the L7 policy it enforces.
-            info!(dst = %orig_dst, %bound, %waypoint,
-                "refusing connection: the destination names a waypoint, which this ztunnel does not support");
-            metrics.error("outbound_waypoint_required");
-            return;
-        }
-        let source = self.inputs.local_workload();
         let src_identity = &self.inputs.local.identity;
         match route {
             Route::Hbone {
@@ -164,17 +228,31 @@ impl Outbound {
                 service,
                 target,
             } => {
-                self.tunnel(
-                    client,
-                    peer,
-                    orig_dst,
-                    src_identity,
-                    source.as_deref(),
-                    workload,
+                let hop = Hop::direct(workload, service, target);
+                self.tunnel(client, peer, orig_dst, src_identity, source.as_deref(), hop)
+                    .await
+            }
+            Route::Waypoint {
+                waypoint,
+                hbone,
+                service,
+            } => {
+                let hop = Hop {
+                    expected: vec![waypoint.identity()],
+                    next: waypoint,
                     service,
-                    target,
-                )
-                .await
+                    hbone,
+                    authority: orig_dst,
+                };
+                self.tunnel(client, peer, orig_dst, src_identity, source.as_deref(), hop)
+                    .await
+            }
+            Route::WaypointUnavailable { bound, waypoint } => {
+                // Fail closed, as Istio does for a waypoint it cannot resolve: going
+                // around the waypoint would skip the L7 policy it enforces.
+                info!(dst = %orig_dst, %bound, %waypoint,
+                    "refusing connection: the destination's waypoint has no ready instance");
+                metrics.error("waypoint_unavailable");
             }
             Route::Passthrough {
                 workload,
@@ -213,9 +291,19 @@ impl Outbound {
                 .is_some_and(|w| w.workload_ips.contains(&ip))
     }
 
-    fn route(&self, dst: SocketAddr) -> Option<Route> {
-        let state = &self.inputs.state;
+    /// Where a connection from `source` to `dst` goes; `None` for a Service with no
+    /// ready endpoint.
+    fn route(&self, dst: SocketAddr, source: Option<&Workload>) -> Option<Route> {
+        let state = &self.inputs.state.snapshot();
         if let Some(service) = state.service_by_vip(dst.ip()) {
+            if let Some(waypoint) = &service.waypoint {
+                let bound = || format!("service {}", service.key());
+                if let Some(route) =
+                    via_waypoint(state, waypoint, dst, source, bound, Some(service.clone()))
+                {
+                    return Some(route);
+                }
+            }
             let (workload, target_port) = state.pick_endpoint(&service, dst.port())?;
             let ip = endpoint_ip(&service, &workload, dst.ip())?;
             let target = SocketAddr::new(ip, target_port);
@@ -232,7 +320,14 @@ impl Outbound {
                 },
             });
         }
-        Some(match state.workload_by_ip(dst.ip()) {
+        let workload = state.workload_by_ip(dst.ip());
+        if let Some(waypoint) = workload.as_ref().and_then(|w| w.waypoint.as_ref()) {
+            let bound = || format!("workload {}", workload.as_ref().expect("bound"));
+            if let Some(route) = via_waypoint(state, waypoint, dst, source, bound, None) {
+                return Some(route);
+            }
+        }
+        Some(match workload {
             Some(workload) if workload.protocol == Protocol::Hbone => Route::Hbone {
                 workload,
                 service: None,
@@ -246,7 +341,6 @@ impl Outbound {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn tunnel(
         &self,
         mut client: TcpStream,
@@ -254,27 +348,18 @@ impl Outbound {
         orig_dst: SocketAddr,
         src_identity: &Identity,
         source: Option<&Workload>,
-        workload: Arc<Workload>,
-        service: Option<Arc<Service>>,
-        target: SocketAddr,
+        hop: Hop,
     ) {
-        let dst_identity = workload.identity();
-        let mut expected = vec![dst_identity.clone()];
-        if let Some(svc) = &service {
-            expected.extend(
-                svc.subject_alt_names
-                    .iter()
-                    .filter_map(|san| san.parse::<Identity>().ok()),
-            );
-        }
+        let dst_identity = hop.next.identity();
+        let target = hop.authority;
         let request = ConnectRequest {
             key: PoolKey {
                 src_identity: src_identity.clone(),
                 dst_identity: dst_identity.clone(),
-                dst: SocketAddr::new(target.ip(), HBONE_PORT),
+                dst: hop.hbone,
                 src_ip: Some(peer.ip()),
             },
-            expected_identities: expected,
+            expected_identities: hop.expected,
             authority: target,
             client: peer,
             baggage: self.baggage(source),
@@ -282,10 +367,10 @@ impl Outbound {
         let labels = TrafficLabels::new(Reporter::source)
             .with_source(source)
             .with_source_identity(Some(src_identity))
-            .with_destination(Some(&workload))
-            .with_service(service.as_deref())
+            .with_destination(Some(&hop.next))
+            .with_service(hop.service.as_deref())
             .mutual_tls();
-        let ends = Endpoints::new(peer, request.key.dst, Some(target), source, Some(&workload));
+        let ends = Endpoints::new(peer, hop.hbone, Some(target), source, Some(&hop.next));
         let mut early = EarlyData::new(&mut client);
         let connected = self
             .pool

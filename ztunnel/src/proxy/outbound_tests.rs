@@ -349,3 +349,66 @@ services:
     // One family: that family, whatever the VIP.
     assert_eq!(pick("fd00:96::9"), "10.0.0.7");
 }
+
+#[tokio::test]
+async fn a_bound_service_or_workload_is_routed_to_its_waypoint_and_never_around_it() {
+    let waypoint = "waypoint: {destination: test/wp.test.svc.cluster.local, hboneMtlsPort: 15008}";
+    let yaml = |instances: &str| {
+        format!(
+            r#"workloads:{CLIENT}
+- uid: Kubernetes//Pod/test/server
+  name: server
+  namespace: test
+  serviceAccount: server
+  workloadIps: ["10.0.0.2"]
+  protocol: HBONE
+  {waypoint}
+  services:
+    test/echo.test.svc.cluster.local: {{80: 8080}}
+- uid: Kubernetes//Pod/test/wp
+  name: wp
+  namespace: test
+  serviceAccount: wp
+  workloadIps: [{instances}]
+  protocol: HBONE
+  services:
+    test/wp.test.svc.cluster.local: {{15008: 15008}}
+services:
+- {{name: echo, namespace: test, hostname: echo.test.svc.cluster.local, vips: ["/10.96.0.5"], {waypoint}}}
+- {{name: wp, namespace: test, hostname: wp.test.svc.cluster.local, vips: ["/10.96.0.6"]}}
+"#
+        )
+    };
+    let outbound = outbound(&yaml("\"10.0.0.9\""));
+    let state = &outbound.inputs.state;
+    let client = state.workload_by_name("test", "client");
+    for dst in ["10.96.0.5:80", "10.0.0.2:8080"] {
+        match outbound.route(dst.parse().unwrap(), client.as_deref()) {
+            Some(Route::Waypoint {
+                waypoint, hbone, ..
+            }) => {
+                assert_eq!(waypoint.name, "wp", "{dst}");
+                assert_eq!(hbone.to_string(), "10.0.0.9:15008", "{dst}");
+            }
+            other => panic!("{dst}: {other:?}"),
+        }
+    }
+    // The waypoint's own traffic goes on to the endpoint.
+    let wp = state.workload_by_name("test", "wp");
+    assert!(matches!(
+        outbound.route("10.96.0.5:80".parse().unwrap(), wp.as_deref()),
+        Some(Route::Hbone { .. })
+    ));
+    // A waypoint with no instance address: refused, never around it.
+    let outbound = self::outbound(&yaml(""));
+    let client = outbound.inputs.state.workload_by_name("test", "client");
+    for dst in ["10.96.0.5:80", "10.0.0.2:8080"] {
+        assert!(
+            matches!(
+                outbound.route(dst.parse().unwrap(), client.as_deref()),
+                Some(Route::WaypointUnavailable { .. })
+            ),
+            "{dst}"
+        );
+    }
+}

@@ -75,7 +75,7 @@ macro_rules! access_event {
 fn direction(reporter: Reporter) -> &'static str {
     match reporter {
         Reporter::source => "outbound",
-        Reporter::destination => "inbound",
+        Reporter::destination | Reporter::waypoint => "inbound",
     }
 }
 
@@ -144,7 +144,9 @@ impl ConnectionResult {
         // metrics count client-to-server as received on both sides, as Istio's).
         let (sent, recv) = match self.labels.reporter {
             Reporter::source => (self.received.total(), self.sent.total()),
-            Reporter::destination => (self.sent.total(), self.received.total()),
+            Reporter::destination | Reporter::waypoint => {
+                (self.sent.total(), self.received.total())
+            }
         };
         let duration = format!("{}ms", self.start.elapsed().as_millis());
         match result {

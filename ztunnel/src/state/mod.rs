@@ -191,6 +191,11 @@ impl StateStore {
         self.snapshot().pick_endpoint(svc, port)
     }
 
+    /// See [`ProxyState::gateway_workloads`].
+    pub fn gateway_workloads(&self, gateway: &workload::GatewayAddress) -> Vec<Arc<Workload>> {
+        self.snapshot().gateway_workloads(gateway)
+    }
+
     /// Istio's L4 authorization for a connection to destination workload `dst`; see
     /// [`ProxyState::authorize`].
     pub fn authorize(&self, conn: &ConnectionAttrs, dst: &Workload) -> Result<(), Denied> {

@@ -14,7 +14,7 @@ use tracing::{debug, info};
 
 use super::policy::{Action, Authorization, ConnectionAttrs, Denied, Scope};
 use super::service::{Endpoint, Service};
-use super::workload::{NetworkMode, Workload};
+use super::workload::{GatewayAddress, GatewayDestination, NetworkMode, Workload};
 
 #[derive(Debug, Default, Clone)]
 pub struct ProxyState {
@@ -302,6 +302,28 @@ impl ProxyState {
             .flatten()
             .filter_map(|uid| self.workloads.get(uid).cloned())
             .collect()
+    }
+
+    /// The workloads a waypoint (or any gateway) address stands for: the workload at
+    /// its address, or the endpoints of the Service it names (by hostname or VIP).
+    pub fn gateway_workloads(&self, gateway: &GatewayAddress) -> Vec<Arc<Workload>> {
+        let service = match &gateway.destination {
+            GatewayDestination::Address(a) => {
+                if let Some(w) = self.workload_by_ip(a.address) {
+                    return vec![w];
+                }
+                self.service_by_vip(a.address)
+            }
+            GatewayDestination::Hostname(h) => self.service_by_hostname(&h.hostname, &h.namespace),
+        };
+        service
+            .map(|svc| {
+                self.endpoint_workloads(&svc)
+                    .into_iter()
+                    .map(|(w, _)| w)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// A random endpoint among [`Self::service_endpoints`].

@@ -6,7 +6,7 @@
 
 mod verifier;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rustls::client::Resumption;
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
@@ -15,8 +15,34 @@ use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
 use rustls::{ClientConfig, CommonState, RootCertStore, ServerConfig};
 use x509_parser::extensions::GeneralName;
 
-use crate::identity::{Identity, IdentityError, WorkloadCertificate};
+use crate::identity::{Identity, IdentityError, SecretManager, WorkloadCertificate};
 use verifier::{ExpectedIdentityVerifier, TrustDomainVerifier};
+
+/// A server's TLS config for its current leaf, rebuilt only when the leaf renews.
+#[derive(Default)]
+pub struct ServerConfigCache {
+    current: Mutex<Option<(Arc<WorkloadCertificate>, Arc<ServerConfig>)>>,
+}
+
+impl ServerConfigCache {
+    /// The config for `identity`'s current certificate.
+    pub async fn get(
+        &self,
+        certs: &SecretManager,
+        identity: &Identity,
+    ) -> Result<Arc<ServerConfig>, String> {
+        let cert = certs.fetch(identity).await.map_err(|e| e.to_string())?;
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cached, config)) = current.as_ref() {
+            if Arc::ptr_eq(cached, &cert) {
+                return Ok(config.clone());
+            }
+        }
+        let config = server_config(&cert).map_err(|e| e.to_string())?;
+        *current = Some((cert, config.clone()));
+        Ok(config)
+    }
+}
 
 /// The one ALPN protocol HBONE speaks.
 pub const ALPN_H2: &[u8] = b"h2";

@@ -20,7 +20,6 @@ use super::metrics::{TerminationLabels, XdsMetrics};
 use super::resources::{Resources, TYPES};
 use super::SOURCE;
 use crate::control_plane::ControlPlane;
-use crate::discovery::waypoints::{self, WaypointWarnings};
 use crate::state::demand::Lookups;
 use crate::state::StateStore;
 use mesh_runtime::readiness::BlockReady;
@@ -66,13 +65,12 @@ pub async fn run(
 ) {
     let mut resources = Resources::default();
     let mut pending = Pending::default();
-    let mut waypoints = WaypointWarnings::default();
     let mut ready = ready;
     let mut backoff = BACKOFF_MIN;
     loop {
         let ended = tokio::select! {
             _ = cancel.cancelled() => break,
-            ended = client.session(&mut resources, &mut pending, &mut waypoints, &mut ready, &synced) => ended,
+            ended = client.session(&mut resources, &mut pending, &mut ready, &synced) => ended,
         };
         let (reason, got_responses) = match &ended {
             Ended::NotOpened(error) => {
@@ -110,7 +108,6 @@ impl Client {
         &mut self,
         resources: &mut Resources,
         pending: &mut Pending,
-        waypoints: &mut WaypointWarnings,
         ready: &mut Option<BlockReady>,
         synced: &watch::Sender<bool>,
     ) -> Ended {
@@ -219,7 +216,6 @@ impl Client {
             let errors = resources.apply(response);
             self.state.replace_source(SOURCE, resources.state().clone());
             pending.answer(&answered);
-            waypoints.report(SOURCE, waypoints::bound_in(resources.state()));
             let error_detail = (!errors.is_empty()).then(|| {
                 let message = errors
                     .iter()

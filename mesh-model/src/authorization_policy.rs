@@ -1,11 +1,12 @@
-//! The `security.istio.io/v1` AuthorizationPolicy spec, as far as we read it.
+//! The `security.istio.io/v1` AuthorizationPolicy spec, as far as we read it: istiod-lite
+//! converts its L4 part for ztunnel, the waypoint evaluates it whole.
 //!
 //! Every field is optional and `null` reads as absent, so anything the API server
 //! accepted parses; unknown fields are ignored (newer Istio versions add some).
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// A list that may be absent or `null`.
 pub type List = Option<Vec<String>>;
@@ -14,35 +15,59 @@ pub fn list(l: &List) -> &[String] {
     l.as_deref().unwrap_or_default()
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Spec {
     pub selector: Option<Selector>,
-    pub target_ref: Option<serde_json::Value>,
-    pub target_refs: Option<Vec<serde_json::Value>>,
+    pub target_ref: Option<TargetRef>,
+    pub target_refs: Option<Vec<TargetRef>>,
     pub action: Option<String>,
     pub rules: Option<Vec<Rule>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+impl Spec {
+    /// `targetRef` and `targetRefs` together (Istio accepts either).
+    pub fn targets(&self) -> impl Iterator<Item = &TargetRef> {
+        self.target_ref
+            .iter()
+            .chain(self.target_refs.iter().flatten())
+    }
+}
+
+/// A `PolicyTargetReference`: the Gateway (a waypoint) or Service a policy attaches to.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct TargetRef {
+    /// `gateway.networking.k8s.io` for a Gateway, `""` (core) for a Service.
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Istio allows only the policy's own namespace; absent means that one.
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Selector {
     pub match_labels: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct Rule {
     pub from: Option<Vec<From>>,
     pub to: Option<Vec<To>>,
     pub when: Option<Vec<Condition>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct From {
     pub source: Option<Source>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Source {
     pub principals: List,
@@ -71,12 +96,12 @@ impl Source {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 pub struct To {
     pub operation: Option<Operation>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Operation {
     pub hosts: List,
@@ -103,7 +128,7 @@ impl Operation {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     pub key: Option<String>,

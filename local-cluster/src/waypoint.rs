@@ -1,0 +1,158 @@
+//! The standalone topology ([`crate::standalone`]) with a waypoint: a third namespace
+//! W, behind B (`10.10.1.0/24`, B forwarding between its two links), runs the
+//! `waypoint` binary as workload `vms/waypoint` (service account `waypoint`). The
+//! echo Service is bound to it, and gains an HTTP/1.1 port (8080 -> B's `e2e-app
+//! http` on 9002), so A's traffic to the Service's VIP goes A's ztunnel -> waypoint ->
+//! B's ztunnel. Everything is configured as for Istio's ztunnel: one local config the
+//! three proxies read, the waypoint's policies from a file of AuthorizationPolicies.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use crate::mesh;
+use crate::standalone::{local_config, Standalone, SERVICE_VIP};
+use test_support::netns::{link, Netns};
+use test_support::process::ChildGuard;
+
+pub const WAYPOINT_IP: &str = "10.10.1.2";
+/// B's address on the waypoint's link.
+const B_WAYPOINT_LINK_IP: &str = "10.10.1.1";
+pub const WAYPOINT_VIP: &str = "10.96.0.20";
+pub const WAYPOINT_PRINCIPAL: &str = "spiffe://cluster.local/ns/vms/sa/waypoint";
+/// The echo Service's HTTP/1.1 port, and B's HTTP server behind it.
+pub const HTTP_PORT: u16 = 8080;
+pub const HTTP_TARGET_PORT: u16 = 9002;
+
+/// The standalone local config with the waypoint: its workload and Service, the echo
+/// Service bound to it (`bind_service`) and/or the server workload (`bind_workload`).
+pub fn waypoint_config(bind_service: bool, bind_workload: bool) -> String {
+    let waypoint = "  waypoint:\n    destination: vms/waypoint.vms.svc.cluster.local\n    hboneMtlsPort: 15008\n";
+    let mut config = local_config("")
+        .replace(
+            "      80: 9000\n",
+            &format!("      80: 9000\n      {HTTP_PORT}: {HTTP_TARGET_PORT}\n"),
+        )
+        .replace(
+            "  ports:\n    80: 9000\n",
+            &format!(
+                "  ports:\n    80: 9000\n    {HTTP_PORT}: {HTTP_TARGET_PORT}\n  appProtocols:\n    {HTTP_PORT}: HTTP11\n"
+            ),
+        );
+    if bind_service {
+        config = config.replace(
+            "  hostname: echo.vms.svc.cluster.local\n",
+            &format!("  hostname: echo.vms.svc.cluster.local\n{waypoint}"),
+        );
+    }
+    if bind_workload {
+        config = config.replace("  node: vm-b\n", &format!("  node: vm-b\n{waypoint}"));
+    }
+    let workload = format!(
+        "- uid: Kubernetes//v1/Pod/vms/waypoint\n  name: waypoint\n  namespace: vms\n  serviceAccount: waypoint\n  workloadIps: [\"{WAYPOINT_IP}\"]\n  protocol: HBONE\n  node: vm-w\n  services:\n    \"vms/waypoint.vms.svc.cluster.local\":\n      15008: 15008\n"
+    );
+    let service = format!(
+        "- name: waypoint\n  namespace: vms\n  hostname: waypoint.vms.svc.cluster.local\n  vips: [\"/{WAYPOINT_VIP}\"]\n  ports:\n    15008: 15008\n"
+    );
+    config
+        .replacen("workloads:\n", &format!("workloads:\n{workload}"), 1)
+        .replacen(
+            "services:\n- name: echo",
+            &format!("services:\n{service}- name: echo"),
+            1,
+        )
+}
+
+pub struct WaypointMesh {
+    // Fields drop in declaration order: the waypoint first, then the mesh.
+    pub waypoint: ChildGuard,
+    pub w: Netns,
+    pub policies: PathBuf,
+    pub mesh: Standalone,
+}
+
+impl WaypointMesh {
+    /// The topology, with `policies` (a YAML stream of AuthorizationPolicies) for the
+    /// waypoint; the echo Service is bound to it.
+    pub fn new(tag: &str, policies: &str) -> Result<Self> {
+        Self::with_env(tag, policies, &[])
+    }
+
+    /// [`WaypointMesh::new`], with more environment for the waypoint.
+    pub fn with_env(tag: &str, policies: &str, env: &[(&str, &str)]) -> Result<Self> {
+        let mesh = Standalone::new(tag)?;
+        mesh.set_config(&waypoint_config(true, false))?;
+        let w = Netns::new(&format!("{tag}w"))?;
+        link(
+            &mesh.b,
+            &format!("{B_WAYPOINT_LINK_IP}/24"),
+            &w,
+            &format!("{WAYPOINT_IP}/24"),
+        )?;
+        mesh.b.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        mesh.a.exec(&[
+            "ip",
+            "route",
+            "add",
+            "10.10.1.0/24",
+            "via",
+            crate::standalone::SERVER_IP,
+        ])?;
+        w.exec(&[
+            "ip",
+            "route",
+            "add",
+            "10.10.0.0/24",
+            "via",
+            B_WAYPOINT_LINK_IP,
+        ])?;
+        let app = test_support::built_binary("e2e-app")?;
+        let mut cmd = mesh.b.command(app.to_str().context("path")?);
+        cmd.args(["http", "--listen", &format!("0.0.0.0:{HTTP_TARGET_PORT}")]);
+        let http = ChildGuard::spawn(&format!("http-{}", mesh.b.name()), cmd)?;
+        let policies_path = mesh.dir.path().join("waypoint-policies.yaml");
+        std::fs::write(&policies_path, policies)?;
+        let ca = mesh.dir.path().join("ca");
+        let policy_env = policies_path.to_str().context("path")?.to_owned();
+        let waypoint = mesh::start_waypoint(
+            &w,
+            "vms/waypoint/waypoint",
+            &ca,
+            &mesh.config,
+            &[
+                &[
+                    ("WAYPOINT_POLICY_PATH", policy_env.as_str()),
+                    ("GATEWAY_NAME", "waypoint"),
+                ],
+                env,
+            ]
+            .concat(),
+        )?;
+        let mut mesh = mesh;
+        mesh.apps.push(http);
+        Ok(WaypointMesh {
+            waypoint,
+            w,
+            policies: policies_path,
+            mesh,
+        })
+    }
+
+    /// The echo Service's HTTP port, as A's apps address it.
+    pub fn http_vip() -> std::net::SocketAddr {
+        format!("{SERVICE_VIP}:{HTTP_PORT}")
+            .parse()
+            .expect("address")
+    }
+
+    /// One HTTP request from A (captured, so through A's ztunnel): `(status, body)`.
+    pub fn request(&self, method: &str, path: &str, headers: &[&str]) -> Result<(u16, String)> {
+        let (method, path) = (method.to_owned(), path.to_owned());
+        let headers: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+        let answer = self.mesh.a.run_inside(move || {
+            let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+            test_support::http::request(Self::http_vip(), &method, &path, &headers)
+        })??;
+        Ok(answer)
+    }
+}
