@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image for every ambient-rs binary: istiod-lite (the control plane), ztunnel,
-# cni-agent, istio-cni (the CNI plugin the agent copies to each node) and istioctl-lite.
+# waypoint, cni-agent, istio-cni (the CNI plugin the agent copies to each node) and
+# istioctl-lite.
 # The Helm charts in manifests/charts run it as ghcr.io/ambient-rs/ambient-rs:<appVersion>.
 #
 # For builders with a registry. `make image` builds the same layout without one (and
@@ -24,10 +25,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked --bins \
-        -p cni-agent -p cni-plugin -p istioctl-lite -p istiod-lite -p ztunnel \
+        -p cni-agent -p cni-plugin -p istioctl-lite -p istiod-lite -p waypoint -p ztunnel \
  && mkdir -p /out \
  && cp target/release/cni-agent target/release/istio-cni target/release/istioctl-lite \
-       target/release/istiod-lite target/release/ztunnel /out/
+       target/release/istiod-lite target/release/waypoint target/release/ztunnel /out/
 
 # The root filesystem, as `make image` assembles it: Debian bookworm's packages the
 # binaries load or spawn (iptables with both backends, ipset, ca-certificates, netbase,
@@ -49,7 +50,7 @@ ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ARG VERSION=dev
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="ambient-rs" \
-      org.opencontainers.image.description="Istio ambient mode in Rust: istiod-lite, ztunnel, cni-agent, istio-cni, istioctl-lite" \
+      org.opencontainers.image.description="Istio ambient mode in Rust: istiod-lite, ztunnel, waypoint, cni-agent, istio-cni, istioctl-lite" \
       org.opencontainers.image.source="https://github.com/ambient-rs/ambient-rs" \
       org.opencontainers.image.url="https://github.com/ambient-rs/ambient-rs" \
       org.opencontainers.image.licenses="Apache-2.0" \

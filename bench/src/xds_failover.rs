@@ -128,6 +128,7 @@ fn config(service: u16, root_pem: &str, token: &str, i: usize) -> XdsConfig {
             packet_mark: 0,
         },
         node: NodeIdentity {
+            node_type: "ztunnel",
             pod_name: format!("ztunnel-{i}"),
             pod_namespace: "istio-system".into(),
             instance_ip: format!("10.0.{}.{}", i / 256, i % 256),
@@ -136,6 +137,7 @@ fn config(service: u16, root_pem: &str, token: &str, i: usize) -> XdsConfig {
             extra_metadata: vec![],
         },
         on_demand: None,
+        types: &xds::TYPES,
     }
 }
 

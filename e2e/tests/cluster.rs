@@ -1451,3 +1451,181 @@ fn a_dual_stack_cluster_carries_both_families_over_hbone() {
     .unwrap();
     send_ok(&c, "m", "client", &format!("{}:9000", near[0]), 100);
 }
+
+// ---------------------------------------------------------------- waypoints
+
+/// `GET url` from `m/client`: the status and body (e2e-app prints the body of a 200
+/// and fails naming the status line otherwise).
+fn http_get(c: &LocalCluster, url: &str) -> (u16, String) {
+    match c.exec_in_pod("m", "client", &["e2e-app", "get", url]) {
+        Ok(body) => (200, body),
+        Err(e) => {
+            let text = e.to_string();
+            let status = text
+                .split("answered HTTP/1.")
+                .nth(1)
+                .and_then(|rest| rest.get(2..5))
+                .and_then(|code| code.parse().ok())
+                .unwrap_or(0);
+            (status, text)
+        }
+    }
+}
+
+/// The waypoint pods' logs and state, for a failure message.
+fn waypoint_diagnostics(c: &LocalCluster) -> String {
+    c.pod_names_in("m")
+        .into_iter()
+        .filter(|n| n.starts_with("waypoint"))
+        .map(|n| {
+            let log = c.pod_log("m", &n).unwrap_or_default();
+            format!("{n}:\n{log}\n{}", c.diagnostics("m", &n))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_namespace_bound_to_a_waypoint_gets_its_l7_policy_and_request_metrics() {
+    if !test_support::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = mesh_cluster("wpt");
+    let http = ["e2e-app", "http", "--listen", "0.0.0.0:9002"];
+    ambient_pod(&c, "server", 2, "server", &[("app", "server")], &http);
+    ambient_pod(&c, "client", 1, "client", &[], IDLE);
+    // The port's name says HTTP, as Istio reads it.
+    let svc = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "m"},
+        "spec": {"selector": {"app": "server"},
+                 "ports": [{"name": "http-web", "port": 80, "targetPort": 9002}]},
+    });
+    let svc = c.api().post("/api/v1/namespaces/m/services", &svc).unwrap();
+    let vip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
+    let url = |path: &str| format!("http://{vip}:80{path}");
+    wait_for("the Service before any waypoint", T, || {
+        (http_get(&c, &url("/before")).0 == 200).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", http_get(&c, &url("/before"))));
+
+    // Istio's flow: a waypoint for the namespace, then a policy on its Gateway.
+    let applied = c
+        .istioctl(&[
+            "waypoint",
+            "apply",
+            "-n",
+            "m",
+            "--enroll-namespace",
+            "--wait",
+            "--timeout",
+            "60s",
+        ])
+        .unwrap_or_else(|e| panic!("{e}\n{}", waypoint_diagnostics(&c)));
+    assert!(applied.contains("waypoint m/waypoint applied"), "{applied}");
+    c.kubectl_apply(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: no-admin, namespace: m}\n\
+         spec:\n  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]\n  action: DENY\n  \
+         rules:\n  - to: [{operation: {paths: [\"/admin*\"]}}]\n",
+    )
+    .unwrap();
+    wait_for("the waypoint to deny /admin", T, || {
+        let (status, body) = http_get(&c, &url("/admin/x"));
+        (status == 403).then_some(body)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.diagnostics("m", "client")));
+    let (status, body) = http_get(&c, &url("/hello"));
+    assert_eq!(status, 200, "{body}");
+
+    // Each hop from its metrics: the server's ztunnel saw the waypoint's identity, the
+    // waypoint counted both requests for the client.
+    assert_mtls(&c, 2, ("m", "waypoint"), ("m", "server"), 1.0);
+    let waypoint_ip = c
+        .get_pod(
+            "m",
+            &c.pod_names_in("m")
+                .into_iter()
+                .find(|n| n.starts_with("waypoint"))
+                .unwrap(),
+        )
+        .unwrap()["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let metrics = c
+        .exec_in_pod(
+            "m",
+            "client",
+            &[
+                "e2e-app",
+                "get",
+                &format!("http://{waypoint_ip}:15020/metrics"),
+            ],
+        )
+        .unwrap();
+    let requests = |code: &str| {
+        metric_sum(
+            &metrics,
+            "istio_requests_total",
+            &[
+                ("reporter", "waypoint"),
+                ("response_code", code),
+                ("source_principal", &principal("m", "client")),
+                ("destination_service", "web.m.svc.cluster.local"),
+            ],
+        )
+    };
+    assert!(
+        requests("200") >= 1.0 && requests("403") >= 1.0,
+        "{metrics}"
+    );
+
+    // `istio.io/use-waypoint: none` on the Service opts it out: /admin is allowed.
+    c.kubectl(&[
+        "label",
+        "service",
+        "-n",
+        "m",
+        "web",
+        "istio.io/use-waypoint=none",
+    ])
+    .unwrap();
+    wait_for("the Service to leave the waypoint", T, || {
+        (http_get(&c, &url("/admin/x")).0 == 200).then_some(())
+    })
+    .unwrap();
+
+    // The waypoint deleted: bound traffic is refused, never sent around it.
+    c.kubectl(&[
+        "label",
+        "service",
+        "-n",
+        "m",
+        "web",
+        "istio.io/use-waypoint-",
+    ])
+    .unwrap();
+    wait_for("the Service back on its waypoint", T, || {
+        (http_get(&c, &url("/admin/x")).0 == 403).then_some(())
+    })
+    .unwrap();
+    let deleted = c
+        .istioctl(&["waypoint", "delete", "-n", "m", "waypoint"])
+        .unwrap();
+    assert!(deleted.contains("deleted"), "{deleted}");
+    wait_for("the waypoint's traffic to be refused", T, || {
+        (http_get(&c, &url("/hello")).0 == 0).then_some(())
+    })
+    .unwrap();
+    wait_for(
+        "the waypoint's Deployment to go with its Gateway",
+        T,
+        || {
+            c.kubectl(&["get", "deployment", "-n", "m", "waypoint"])
+                .is_err()
+                .then_some(())
+        },
+    )
+    .unwrap();
+}

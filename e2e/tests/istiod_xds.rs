@@ -141,9 +141,10 @@ async fn start() -> Fixture {
             vec!["istio-ca".into()],
             "Kubernetes".into(),
             TD.into(),
-            pods,
+            pods.clone(),
         )),
         trusted: HashSet::from([("istio-system".into(), "ztunnel".into())]),
+        pods,
         system_namespace: "istio-system".into(),
         debounce: DEBOUNCE,
         connections: connections.clone(),
@@ -256,6 +257,7 @@ impl Fixture {
                 packet_mark: 0,
             },
             node: NodeIdentity {
+                node_type: "ztunnel",
                 pod_name: "ztunnel-1".into(),
                 pod_namespace: "istio-system".into(),
                 instance_ip: "10.0.0.7".into(),
@@ -264,6 +266,7 @@ impl Fixture {
                 extra_metadata: vec![],
             },
             on_demand,
+            types: &client::TYPES,
         };
         client::start(
             config,

@@ -11,7 +11,7 @@ use shared_types::duration::parse_duration;
 #[command(
     name = "istioctl-lite",
     version,
-    about = "Operate the ambient mesh: install, CA, enroll namespaces, inspect ztunnel, precheck"
+    about = "Operate the ambient mesh: install, CA, enroll namespaces, waypoints, inspect ztunnel, precheck"
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -77,6 +77,12 @@ pub enum Command {
     /// Every ztunnel connected to the control plane, with each xDS type's sync state
     /// (SYNCED, STALE, NACK, NOT SENT), read from istiod-lite over XDS.
     ProxyStatus(ProxyStatusArgs),
+    /// Manage waypoints: the `istio-waypoint` Gateways that give a namespace, its
+    /// services or workloads an L7 proxy (Istio's `istioctl waypoint`).
+    Waypoint {
+        #[command(subcommand)]
+        command: WaypointCommand,
+    },
 }
 
 /// How to reach the control plane over XDS (istioctl's XDS connection flags).
@@ -372,6 +378,135 @@ pub struct PrecheckArgs {
     /// cluster's (default: as for install).
     #[arg(long)]
     pub charts_dir: Option<PathBuf>,
+}
+
+/// `waypoint` (Istio's `istioctl waypoint`), with its flags.
+#[derive(Subcommand, Debug)]
+pub enum WaypointCommand {
+    /// Server-side apply a waypoint Gateway (class istio-waypoint, listener mesh on
+    /// 15008/HBONE), optionally enroll the namespace and wait until it is programmed.
+    Apply(WaypointApplyArgs),
+    /// Print a waypoint Gateway as YAML without applying it.
+    Generate(WaypointGenerateArgs),
+    /// List the waypoints (Gateways of class istio-waypoint) of a namespace or all.
+    List(WaypointListArgs),
+    /// Delete waypoints by name, every one of the namespace (--all) or of a revision.
+    Delete(WaypointDeleteArgs),
+    /// Show the status conditions of the namespace's waypoints (or one with --name).
+    Status(WaypointStatusArgs),
+}
+
+/// Which traffic a waypoint takes (its `istio.io/waypoint-for` label).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaypointFor {
+    /// Traffic addressed to the namespace's services.
+    Service,
+    /// Traffic addressed to the namespace's pods by IP.
+    Workload,
+    /// Both.
+    All,
+    /// Neither (a waypoint nothing is routed to by address).
+    None,
+}
+
+impl WaypointFor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaypointFor::Service => "service",
+            WaypointFor::Workload => "workload",
+            WaypointFor::All => "all",
+            WaypointFor::None => "none",
+        }
+    }
+}
+
+/// The namespace flag of every waypoint command (istioctl's `-n`).
+#[derive(Args, Debug, Clone)]
+pub struct WaypointNamespace {
+    /// Namespace of the waypoint (default: the kubeconfig context's, else `default`).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+/// What apply and generate build.
+#[derive(Args, Debug, Clone)]
+pub struct WaypointSpecArgs {
+    #[command(flatten)]
+    pub namespace: WaypointNamespace,
+    /// Name of the waypoint (`none` is reserved; empty means the default).
+    #[arg(long, default_value = "waypoint")]
+    pub name: String,
+    /// Which traffic the waypoint takes (label `istio.io/waypoint-for`).
+    #[arg(long = "for", value_enum, default_value = "service")]
+    pub traffic: WaypointFor,
+    /// The revision to label the waypoint with (`istio.io/rev`).
+    #[arg(short = 'r', long)]
+    pub revision: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct WaypointApplyArgs {
+    #[command(flatten)]
+    pub spec: WaypointSpecArgs,
+    /// Also label the namespace `istio.io/use-waypoint=<name>`, so that its traffic
+    /// uses this waypoint.
+    #[arg(long)]
+    pub enroll_namespace: bool,
+    /// With --enroll-namespace: replace a namespace's label naming another waypoint
+    /// (without it, such a namespace is left alone and nothing is applied).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Wait until the Gateway's status reports Programmed=True.
+    #[arg(short = 'w', long)]
+    pub wait: bool,
+    /// How long --wait waits, e.g. 30s, 5m.
+    #[arg(long, visible_alias = "waypoint-timeout", default_value = "90s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct WaypointGenerateArgs {
+    #[command(flatten)]
+    pub spec: WaypointSpecArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct WaypointListArgs {
+    #[command(flatten)]
+    pub namespace: WaypointNamespace,
+    /// List the waypoints of every namespace.
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    pub all_namespaces: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct WaypointDeleteArgs {
+    /// Names of the waypoints to delete.
+    #[arg(required_unless_present_any = ["all", "revision"], conflicts_with_all = ["all", "revision"])]
+    pub names: Vec<String>,
+    #[command(flatten)]
+    pub namespace: WaypointNamespace,
+    /// Delete every waypoint of the namespace.
+    #[arg(long)]
+    pub all: bool,
+    /// Delete the namespace's waypoints labelled with this revision (`istio.io/rev`).
+    #[arg(short = 'r', long)]
+    pub revision: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct WaypointStatusArgs {
+    #[command(flatten)]
+    pub namespace: WaypointNamespace,
+    /// Only this waypoint (default: every waypoint of the namespace).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Wait until the waypoints report Programmed=True.
+    #[arg(short = 'w', long)]
+    pub wait: bool,
+    /// How long --wait waits, e.g. 30s, 5m.
+    #[arg(long, visible_alias = "waypoint-timeout", default_value = "90s", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod output;
 mod precheck;
 mod proxystatus;
 mod rollout;
+mod waypoint;
 mod xds;
 mod zfetch;
 mod zlog;
@@ -20,7 +21,7 @@ mod ztables;
 
 use clap::Parser;
 
-use cli::{CaCommand, Cli, Command, DataplaneCommand, ZtunnelConfigCommand};
+use cli::{CaCommand, Cli, Command, DataplaneCommand, WaypointCommand, ZtunnelConfigCommand};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -60,6 +61,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ZtunnelConfig(args) => ztunnel_config(g, &args.command).await,
         Command::Precheck(args) => precheck::run(g, args).await,
         Command::ProxyStatus(args) => proxystatus::run(g, args).await,
+        Command::Waypoint {
+            command: WaypointCommand::Apply(args),
+        } => waypoint::apply(g, args).await,
+        Command::Waypoint {
+            command: WaypointCommand::Generate(args),
+        } => waypoint::generate(g, args),
+        Command::Waypoint {
+            command: WaypointCommand::List(args),
+        } => waypoint::list(g, args).await,
+        Command::Waypoint {
+            command: WaypointCommand::Delete(args),
+        } => waypoint::delete(g, args).await,
+        Command::Waypoint {
+            command: WaypointCommand::Status(args),
+        } => waypoint::status(g, args).await,
     }
 }
 

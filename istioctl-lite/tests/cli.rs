@@ -741,6 +741,12 @@ async fn every_command_has_help() {
         &["ztunnel-config", "log", "--help"],
         &["zc", "workload", "--help"],
         &["precheck", "--help"],
+        &["waypoint", "--help"],
+        &["waypoint", "apply", "--help"],
+        &["waypoint", "generate", "--help"],
+        &["waypoint", "list", "--help"],
+        &["waypoint", "delete", "--help"],
+        &["waypoint", "status", "--help"],
     ] {
         let out = run(None, args).await;
         assert!(
@@ -895,4 +901,559 @@ async fn install_adds_missing_crds_keeps_newer_ones_and_purge_removes_only_its_o
         )),
         "{text}"
     );
+}
+
+/// The Gateway API (and the mesh's other) CRDs, so the server serves Gateways.
+async fn install_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in test_support::crds::shipped().unwrap() {
+        crds.create(
+            &PostParams::default(),
+            &serde_json::from_value(crd).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+async fn make_namespace(client: &Client, name: &str) {
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+}
+
+fn gateways(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gateway = kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "Gateway"),
+        "gateways",
+    );
+    Api::namespaced_with(client.clone(), ns, &gateway)
+}
+
+/// A Gateway of another class than istio-waypoint (an ingress, say).
+async fn make_other_gateway(client: &Client, ns: &str, name: &str) {
+    let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"gatewayClassName": "istio", "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]},
+    }))
+    .unwrap();
+    gateways(client, ns)
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap();
+}
+
+/// What the control plane reports once the waypoint's proxy is deployed (or not).
+async fn set_programmed(client: &Client, ns: &str, name: &str, status: &str) {
+    let reason = if status == "True" {
+        "Programmed"
+    } else {
+        "NoResources"
+    };
+    let patch = serde_json::json!({"status": {"conditions": [
+        {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "Resource accepted", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {"type": "Programmed", "status": status, "reason": reason, "message": "Resource programmed", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+    ]}});
+    gateways(client, ns)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+async fn gateway_names(client: &Client, ns: &str) -> Vec<String> {
+    let mut names: Vec<String> = gateways(client, ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|g| g.metadata.name.unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+async fn namespace_labels(client: &Client, ns: &str) -> std::collections::BTreeMap<String, String> {
+    Api::<Namespace>::all(client.clone())
+        .get(ns)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn waypoint_apply_creates_istios_gateway_idempotently_and_enrolls() {
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    make_namespace(&c.client, "demo").await;
+
+    // No Gateway API yet: Istio's error, nothing else touched.
+    let out = run(k, &["waypoint", "apply", "-n", "demo"]).await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("missing Kubernetes Gateway CRDs need to be installed"),
+        "{}",
+        stderr(&out)
+    );
+    install_crds(&c.client).await;
+
+    let out = run(k, &["waypoint", "apply", "-n", "demo"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "✅ waypoint demo/waypoint applied\n");
+    let api = gateways(&c.client, "demo");
+    let gw = api.get("waypoint").await.unwrap();
+    assert_eq!(
+        gw.metadata.labels.clone().unwrap_or_default(),
+        [("istio.io/waypoint-for".to_string(), "service".to_string())].into()
+    );
+    assert_eq!(gw.data["spec"]["gatewayClassName"], "istio-waypoint");
+    let listeners = gw.data["spec"]["listeners"].as_array().unwrap();
+    assert_eq!(listeners.len(), 1, "{listeners:?}");
+    assert_eq!(listeners[0]["name"], "mesh");
+    assert_eq!(listeners[0]["port"], 15008);
+    assert_eq!(listeners[0]["protocol"], "HBONE");
+    assert_eq!(gateway_names(&c.client, "demo").await, ["waypoint"]);
+    assert!(
+        !namespace_labels(&c.client, "demo")
+            .await
+            .contains_key("istio.io/use-waypoint"),
+        "no --enroll-namespace"
+    );
+
+    // Idempotent: the same object, unchanged.
+    let out = run(k, &["waypoint", "apply", "-n", "demo"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "✅ waypoint demo/waypoint applied\n");
+    let again = api.get("waypoint").await.unwrap();
+    assert_eq!(again.metadata.uid, gw.metadata.uid);
+    assert_eq!(again.metadata.generation, gw.metadata.generation);
+    assert_eq!(again.data["spec"], gw.data["spec"]);
+    assert_eq!(gateway_names(&c.client, "demo").await, ["waypoint"]);
+
+    // --for and --enroll-namespace (the namespace is not ambient: a warning).
+    let out = run(
+        k,
+        &[
+            "waypoint",
+            "apply",
+            "-n",
+            "demo",
+            "--name",
+            "w2",
+            "--for",
+            "workload",
+            "--enroll-namespace",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "✅ waypoint demo/w2 applied\n✅ namespace demo labeled with \"istio.io/use-waypoint: w2\"\n"
+    );
+    assert!(
+        stderr(&out).contains("namespace is not enrolled in ambient"),
+        "{}",
+        stderr(&out)
+    );
+    let w2 = api.get("w2").await.unwrap();
+    assert_eq!(
+        w2.metadata.labels.unwrap()["istio.io/waypoint-for"],
+        "workload"
+    );
+    assert_eq!(
+        namespace_labels(&c.client, "demo").await["istio.io/use-waypoint"],
+        "w2"
+    );
+
+    // Another waypoint for an enrolled namespace: Istio's warning, nothing applied...
+    let enroll_w3 = [
+        "waypoint",
+        "apply",
+        "-n",
+        "demo",
+        "--name",
+        "w3",
+        "--enroll-namespace",
+    ];
+    let out = run(k, &enroll_w3).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("namespace (demo) already has an enrolled Waypoint (w2)"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(gateway_names(&c.client, "demo").await, ["w2", "waypoint"]);
+    assert_eq!(
+        namespace_labels(&c.client, "demo").await["istio.io/use-waypoint"],
+        "w2"
+    );
+    // ... unless --overwrite. An ambient namespace gets no warning.
+    let patch = serde_json::json!({"metadata": {"labels": {"istio.io/dataplane-mode": "ambient"}}});
+    Api::<Namespace>::all(c.client.clone())
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let out = run(k, &with(&enroll_w3, &["--overwrite"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("Warning"), "{}", stderr(&out));
+    assert_eq!(
+        namespace_labels(&c.client, "demo").await["istio.io/use-waypoint"],
+        "w3"
+    );
+    assert_eq!(
+        gateway_names(&c.client, "demo").await,
+        ["w2", "w3", "waypoint"]
+    );
+
+    // -o json prints the applied object; --revision labels it.
+    let out = run(
+        k,
+        &[
+            "-o", "json", "waypoint", "apply", "-n", "demo", "--name", "w4", "--for", "all", "-r",
+            "canary",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["kind"], "Gateway");
+    assert_eq!(printed["metadata"]["name"], "w4");
+    assert_eq!(
+        printed["metadata"]["labels"]["istio.io/waypoint-for"],
+        "all"
+    );
+    assert_eq!(printed["metadata"]["labels"]["istio.io/rev"], "canary");
+    assert!(printed["metadata"]["uid"].is_string(), "the server's copy");
+
+    // The kubeconfig's namespace when -n is not given; Istio's checks.
+    let out = run(k, &["waypoint", "apply"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "✅ waypoint default/waypoint applied\n");
+    assert_eq!(gateway_names(&c.client, "default").await, ["waypoint"]);
+    let out = run(k, &["waypoint", "apply", "-n", "demo", "--name", "none"]).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("'none' is a reserved value"));
+    let out = run(k, &["waypoint", "apply", "-n", "nowhere"]).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("namespace: nowhere not found"));
+    let out = run(k, &["waypoint", "apply", "-n", "demo", "--for", "pods"]).await;
+    assert!(!out.status.success());
+    // Another class's Gateway of that name is not taken over.
+    make_other_gateway(&c.client, "demo", "ingress").await;
+    let out = run(k, &["waypoint", "apply", "-n", "demo", "--name", "ingress"]).await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Gateway demo/ingress exists and is not a waypoint"),
+        "{}",
+        stderr(&out)
+    );
+    let ingress = api.get("ingress").await.unwrap();
+    assert_eq!(ingress.data["spec"]["gatewayClassName"], "istio");
+    assert!(ingress.metadata.labels.unwrap_or_default().is_empty());
+    api.delete("ingress", &Default::default()).await.unwrap();
+    assert_eq!(
+        gateway_names(&c.client, "demo").await,
+        ["w2", "w3", "w4", "waypoint"]
+    );
+
+    // generate prints the same Gateway and writes nothing.
+    let out = run(
+        None,
+        &["waypoint", "generate", "-n", "demo", "--name", "w5"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let generated: serde_json::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        generated,
+        serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": "w5", "namespace": "demo", "labels": {"istio.io/waypoint-for": "service"}},
+            "spec": {"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+        })
+    );
+    assert!(api.get_opt("w5").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn waypoint_list_shows_istios_columns() {
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    install_crds(&c.client).await;
+    make_namespace(&c.client, "demo").await;
+    make_namespace(&c.client, "other").await;
+    make_namespace(&c.client, "empty").await;
+    for args in [
+        &["-n", "demo"][..],
+        &[
+            "-n", "demo", "--name", "rev", "-r", "canary", "--for", "all",
+        ],
+        &["-n", "other", "--name", "east"],
+    ] {
+        let out = run(k, &with(&["waypoint", "apply"], args)).await;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    make_other_gateway(&c.client, "demo", "ingress").await;
+    set_programmed(&c.client, "demo", "waypoint", "True").await;
+    set_programmed(&c.client, "other", "east", "False").await;
+
+    let out = run(k, &["waypoint", "list", "-n", "demo"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    // `rev` has no controller's status yet: the CRD's default, Unknown.
+    assert_eq!(
+        stdout(&out),
+        "NAME         REVISION     TRAFFIC TYPE     PROGRAMMED\n\
+         rev          canary       all              Unknown\n\
+         waypoint     default      service          True\n"
+    );
+    let out = run(k, &["waypoint", "list", "-A"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "NAMESPACE     NAME         REVISION     TRAFFIC TYPE     PROGRAMMED\n\
+         demo          rev          canary       all              Unknown\n\
+         demo          waypoint     default      service          True\n\
+         other         east         default      service          False\n"
+    );
+    let out = run(k, &["waypoint", "list", "--all-namespaces", "-n", "demo"]).await;
+    assert!(!out.status.success(), "-A and -n conflict");
+    let out = run(k, &["waypoint", "list", "-n", "empty"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "No waypoints found.\n");
+
+    let out = run(k, &["waypoint", "list", "-n", "demo", "-o", "json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["rev", "waypoint"], "no ingress: {listed}");
+    let out = run(k, &["waypoint", "list", "-A", "-o", "yaml"]).await;
+    let listed: serde_json::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(3));
+}
+
+#[tokio::test]
+async fn waypoint_delete_only_deletes_waypoints() {
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    install_crds(&c.client).await;
+    make_namespace(&c.client, "demo").await;
+    make_namespace(&c.client, "other").await;
+    for args in [
+        &["-n", "demo", "--name", "a"][..],
+        &["-n", "demo", "--name", "b"],
+        &["-n", "demo", "--name", "c", "-r", "canary"],
+        &["-n", "demo", "--name", "d"],
+        &["-n", "other", "--name", "a"],
+    ] {
+        let out = run(k, &with(&["waypoint", "apply"], args)).await;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    make_other_gateway(&c.client, "demo", "ingress").await;
+    let all = ["a", "b", "c", "d", "ingress"];
+
+    // Another class's Gateway, or a missing one: refused, by name, nothing deleted.
+    let out = run(k, &["waypoint", "delete", "-n", "demo", "a", "ingress"]).await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Gateway demo/ingress is not a waypoint"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(k, &["waypoint", "delete", "-n", "demo", "a", "missing"]).await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("waypoint demo/missing not found"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(gateway_names(&c.client, "demo").await, all);
+    // Istio's argument checks.
+    let out = run(k, &["waypoint", "delete", "-n", "demo"]).await;
+    assert!(!out.status.success());
+    let out = run(k, &["waypoint", "delete", "-n", "demo", "--all", "a"]).await;
+    assert!(!out.status.success());
+    assert_eq!(gateway_names(&c.client, "demo").await, all);
+
+    let out = run(k, &["waypoint", "delete", "-n", "demo", "a"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "waypoint demo/a deleted\n");
+    assert_eq!(
+        gateway_names(&c.client, "demo").await,
+        ["b", "c", "d", "ingress"]
+    );
+    assert_eq!(gateway_names(&c.client, "other").await, ["a"]);
+
+    let out = run(k, &["waypoint", "delete", "-n", "demo", "-r", "canary"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "waypoint demo/c deleted\n");
+    assert_eq!(
+        gateway_names(&c.client, "demo").await,
+        ["b", "d", "ingress"]
+    );
+
+    let out = run(k, &["waypoint", "delete", "-n", "demo", "--all"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "waypoint demo/b deleted\nwaypoint demo/d deleted\n"
+    );
+    assert_eq!(gateway_names(&c.client, "demo").await, ["ingress"]);
+    assert_eq!(gateway_names(&c.client, "other").await, ["a"]);
+    let out = run(k, &["waypoint", "delete", "-n", "demo", "--all"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "No waypoints found.\n");
+
+    let out = run(k, &["-o", "json", "waypoint", "delete", "-n", "other", "a"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let deleted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        deleted,
+        serde_json::json!([{"namespace": "other", "name": "a"}])
+    );
+    assert!(gateway_names(&c.client, "other").await.is_empty());
+}
+
+#[tokio::test]
+async fn waypoint_apply_and_status_wait_for_programmed() {
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    install_crds(&c.client).await;
+    make_namespace(&c.client, "demo").await;
+
+    // Nobody programs it: a clear error after the timeout, with its conditions.
+    let started = std::time::Instant::now();
+    let out = run(
+        k,
+        &[
+            "waypoint",
+            "apply",
+            "-n",
+            "demo",
+            "--wait",
+            "--timeout",
+            "2s",
+        ],
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "timed out while waiting for waypoint demo/waypoint to be Programmed after 2s"
+        ) && err.contains("Programmed=Unknown (Pending: Waiting for controller)"),
+        "{err}"
+    );
+    assert_eq!(stdout(&out), "✅ waypoint demo/waypoint applied\n");
+
+    // status: the conditions as they are; with --wait, the same timeout error.
+    let out = run(k, &["waypoint", "status", "-n", "demo"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "NAME         STATUS      TYPE           REASON      MESSAGE\n\
+         waypoint     Unknown     Accepted       Pending     Waiting for controller\n\
+         waypoint     Unknown     Programmed     Pending     Waiting for controller\n"
+    );
+    let out = run(
+        k,
+        &[
+            "waypoint",
+            "status",
+            "-n",
+            "demo",
+            "--wait",
+            "--waypoint-timeout",
+            "1s",
+        ],
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out)
+            .contains("timed out while retrieving status for waypoint demo/waypoint after 1s")
+            && stderr(&out).contains("Programmed=Unknown (Pending: Waiting for controller)"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The control plane programs w2 a while after it appears: apply --wait returns then.
+    let client = c.client.clone();
+    let controller = tokio::spawn(async move {
+        let api = gateways(&client, "demo");
+        while api.get_opt("w2").await.unwrap().is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        set_programmed(&client, "demo", "w2", "True").await;
+    });
+    let started = std::time::Instant::now();
+    let out = run(
+        k,
+        &[
+            "waypoint",
+            "apply",
+            "-n",
+            "demo",
+            "--name",
+            "w2",
+            "-w",
+            "--timeout",
+            "30s",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1500),
+        "it waited"
+    );
+    assert_eq!(
+        stdout(&out),
+        "✅ waypoint demo/w2 applied\n✅ waypoint demo/w2 is ready!\n"
+    );
+    controller.await.unwrap();
+
+    let out = run(
+        k,
+        &["waypoint", "status", "-n", "demo", "--name", "w2", "--wait"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "NAME     STATUS     TYPE           REASON         MESSAGE\n\
+         w2       True       Accepted       Accepted       Resource accepted\n\
+         w2       True       Programmed     Programmed     Resource programmed\n"
+    );
+    let out = run(
+        k,
+        &[
+            "-o", "json", "waypoint", "status", "-n", "demo", "--name", "w2",
+        ],
+    )
+    .await;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report[0]["programmed"], true);
+    assert_eq!(report[0]["conditions"][1]["type"], "Programmed");
+    let out = run(
+        k,
+        &["waypoint", "status", "-n", "demo", "--name", "missing"],
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("waypoint demo/missing not found"));
 }

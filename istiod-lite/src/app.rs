@@ -14,7 +14,7 @@ use crate::ca::authz::{node_accounts, NodeAuthorizer};
 use crate::ca::CaService;
 use crate::config::Config;
 use crate::kube::pods::PodIndex;
-use crate::kube::{gateway_class, leader, root_publisher};
+use crate::kube::{gateway_class, leader, root_publisher, waypoints};
 use crate::metrics::Metrics;
 use crate::model;
 use crate::ops;
@@ -100,9 +100,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let (client, root_pem) = (client.clone(), ca.roots_pem());
         move |stop| root_publisher::run(client.clone(), root_pem.clone(), stop)
     }));
-    tokio::spawn(leader::while_leading(leading, shutdown.clone(), {
+    tokio::spawn(leader::while_leading(leading.clone(), shutdown.clone(), {
         let client = client.clone();
         move |stop| gateway_class::run(client.clone(), stop)
+    }));
+    let waypoint_settings = waypoints::Settings {
+        image: config.waypoint_image.clone(),
+        istiod_address: format!(
+            "istiod.{}.svc:{}",
+            config.namespace,
+            config.grpc_addr.port()
+        ),
+        trust_domain: config.trust_domain.clone(),
+        cluster_id: config.cluster_id.clone(),
+    };
+    tokio::spawn(leader::while_leading(leading, shutdown.clone(), {
+        let client = client.clone();
+        move |stop| waypoints::run(client.clone(), waypoint_settings.clone(), stop)
     }));
 
     ops::serve_metrics(config.monitoring_addr, metrics.clone(), shutdown.clone())
@@ -158,6 +172,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         store: resources.clone(),
         authn,
         trusted: node_accounts,
+        pods: pods.clone(),
         system_namespace: config.namespace.clone(),
         debounce: config.debounce,
         connections: Connections::default(),

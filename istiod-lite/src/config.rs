@@ -64,6 +64,10 @@ pub struct Config {
     /// Readiness (`/ready`), as istiod's.
     #[arg(long, env = "READY_ADDR", default_value = "0.0.0.0:8080")]
     pub ready_addr: SocketAddr,
+    /// The image waypoint Deployments run (it holds the `waypoint` binary); the chart
+    /// sets istiod-lite's own.
+    #[arg(long, env = "WAYPOINT_IMAGE", default_value = concat!("ghcr.io/ambient-rs/ambient-rs:", env!("CARGO_PKG_VERSION")))]
+    pub waypoint_image: String,
     /// This replica's pod (downward API): its identity in leader elections.
     #[arg(long, env = "POD_NAME", default_value = "istiod")]
     pub pod_name: String,

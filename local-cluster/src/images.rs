@@ -36,6 +36,7 @@ pub const IMAGES: &[Image] = &[
             "ztunnel",
             "istiod-lite",
             "istioctl-lite",
+            "waypoint",
         ],
         distro_tools: false,
     },

@@ -91,7 +91,7 @@ umoci raw add-layer --image "$oci:$version" \
   "$work/layer.tar"
 labels=(
   "org.opencontainers.image.title=ambient-rs"
-  "org.opencontainers.image.description=Istio ambient mode in Rust: istiod-lite, ztunnel, cni-agent, istio-cni, istioctl-lite"
+  "org.opencontainers.image.description=Istio ambient mode in Rust: istiod-lite, ztunnel, waypoint, cni-agent, istio-cni, istioctl-lite"
   "org.opencontainers.image.source=https://github.com/ambient-rs/ambient-rs"
   "org.opencontainers.image.url=https://github.com/ambient-rs/ambient-rs"
   "org.opencontainers.image.licenses=Apache-2.0"

@@ -7,7 +7,7 @@ ARCH=amd64
 ARCH_TRIPLET=x86_64-linux-gnu
 
 # The binaries, in /usr/local/bin (the charts' `command` picks one).
-BINARIES=(cni-agent istio-cni istioctl-lite istiod-lite ztunnel)
+BINARIES=(cni-agent istio-cni istioctl-lite istiod-lite waypoint ztunnel)
 
 # Debian packages, and why each is there. Only what a binary loads or spawns
 # (grep `Command::new` in the product crates):
@@ -33,4 +33,4 @@ EXCLUDED=(debconf openssl libssl3)
 
 # The image's name under the charts' hub, and the crates `cargo build` builds for it.
 IMAGE_NAME=ambient-rs
-CRATES=(cni-agent cni-plugin istioctl-lite istiod-lite ztunnel)
+CRATES=(cni-agent cni-plugin istioctl-lite istiod-lite waypoint ztunnel)

@@ -8,6 +8,8 @@ pub mod identity;
 #[cfg(feature = "istio")]
 pub mod istio;
 pub mod net;
+#[cfg(feature = "istio")]
+pub mod waypoint;
 pub mod zds;
 #[cfg(feature = "zds-transport")]
 pub mod zds_transport;

@@ -103,6 +103,11 @@ impl Netns {
         // Write-then-rename: a process starting now sees the old file or the new one.
         let mut file = tempfile::NamedTempFile::new_in(&dir)?;
         std::io::Write::write_all(&mut file, text.as_bytes())?;
+        // World-readable, as a runtime writes it: a temp file is 0600, which a
+        // container running as non-root (a waypoint) could not read.
+        use std::os::unix::fs::PermissionsExt;
+        file.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
         file.persist(dir.join("resolv.conf"))?;
         Ok(())
     }

@@ -3,20 +3,22 @@
 //! workload's inputs to the waypoint's own listener.
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use shared_types::duration::parse_duration;
 
 use anyhow::Context;
 use futures::FutureExt;
-use tracing::info;
+use shared_types::istio::xds::ROUTER_NODE;
+use tracing::{info, warn};
 use ztunnel::config::{Config, ProxyMode};
 use ztunnel::metrics::Metrics;
+use ztunnel::state::StateStore;
 
 use crate::metrics::RequestMetrics;
-use crate::policy::{parse_policies, Policies, WaypointRef};
-use crate::proxy::Waypoint;
+use crate::policy::{parse_policies, Policies, Policy, WaypointRef};
+use crate::proxy::{SharedPolicies, Waypoint};
 
 /// The waypoint's own settings, beside ztunnel's.
 #[derive(Clone, Debug, clap::Args)]
@@ -40,8 +42,12 @@ pub async fn run(
     args: WaypointArgs,
     logging: Option<mesh_runtime::logging::LogHandle>,
 ) -> anyhow::Result<()> {
-    // A waypoint serves one workload: itself.
+    // A waypoint serves one workload: itself. Its pod is not captured (it terminates
+    // HBONE itself), so its sockets need no mark (which would need CAP_NET_ADMIN), and
+    // it resolves nothing through a DNS proxy.
     config.proxy_mode = ProxyMode::Dedicated;
+    config.packet_mark = 0;
+    config.dns_capture = false;
     let info = config
         .proxy_workload_info
         .clone()
@@ -51,18 +57,16 @@ pub async fn run(
         name: args.gateway_name.clone().unwrap_or(info.name.clone()),
         root_namespace: config.root_namespace.clone(),
     };
-    let policies = match &args.policy_path {
+    let from_file = match &args.policy_path {
         Some(path) => {
             let yaml = std::fs::read_to_string(path)
                 .with_context(|| format!("reading WAYPOINT_POLICY_PATH {}", path.display()))?;
-            let all = parse_policies(&yaml)
-                .with_context(|| format!("WAYPOINT_POLICY_PATH {}", path.display()))?;
-            Policies::for_waypoint(all, &waypoint)
+            parse_policies(&yaml)
+                .with_context(|| format!("WAYPOINT_POLICY_PATH {}", path.display()))?
         }
-        None => Policies::default(),
+        None => Vec::new(),
     };
-    info!(gateway = %format!("{}/{}", waypoint.namespace, waypoint.name), policies = policies.len(), "waypoint policies loaded");
-    let policies = Arc::new(RwLock::new(Arc::new(policies)));
+    let policies: SharedPolicies = Arc::default();
     let requests = RequestMetrics::default();
     let metrics = {
         let requests = requests.clone();
@@ -70,7 +74,7 @@ pub async fn run(
             requests.register(registry)
         }))
     };
-    let proxy: ztunnel::app::DedicatedProxy = Box::new(move |config, inputs| {
+    let start: ztunnel::app::StartProxy = Box::new(move |config, inputs, synced| {
         let addr = config.inbound_addr;
         async move {
             let listener = inputs
@@ -79,11 +83,69 @@ pub async fn run(
                 .await
                 .with_context(|| format!("binding the waypoint's HBONE listener {addr}"))?;
             info!(%addr, "waypoint listening for HBONE");
-            let waypoint = Waypoint::new(inputs, policies, requests, args.header_read_timeout);
-            tokio::spawn(waypoint.run(listener));
+            let state = inputs.state.clone();
+            let proxy = Waypoint::new(inputs, policies.clone(), requests, args.header_read_timeout);
+            tokio::spawn(async move {
+                // Nothing is served before discovery's first complete state: until its
+                // policies arrive, an empty set would allow everything. (Clients wait
+                // in the listen backlog.)
+                if let Some(synced) = synced {
+                    if !synced.wait_synced().await {
+                        return;
+                    }
+                }
+                let first = compile(&state, &from_file, &waypoint);
+                *policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(first);
+                tokio::spawn(follow_policies(state, from_file, waypoint, policies));
+                proxy.run(listener).await
+            });
             Ok(())
         }
         .boxed()
     });
+    let proxy = ztunnel::app::CustomProxy {
+        xds_types: &ztunnel::discovery::xds::WAYPOINT_TYPES,
+        node_type: ROUTER_NODE,
+        start,
+    };
     ztunnel::app::run_with(config, logging, metrics, Some(proxy)).await
+}
+
+/// The policies of this waypoint now: those of the file, and those discovery holds
+/// (istiod-lite's waypoint policies over xDS).
+fn compile(state: &StateStore, from_file: &[Policy], waypoint: &WaypointRef) -> Policies {
+    let mut all = from_file.to_vec();
+    for p in state.snapshot().waypoint_policies() {
+        match Policy::from_json(p.namespace.clone(), p.name.clone(), &p.spec_json) {
+            Ok(policy) => all.push(policy),
+            Err(e) => {
+                let policy = format!("{}/{}", p.namespace, p.name);
+                warn!(%policy, error = %e, "waypoint policy ignored")
+            }
+        }
+    }
+    Policies::for_waypoint(all, waypoint)
+}
+
+/// Recompiles `shared` whenever discovery changes, until the state store is dropped.
+async fn follow_policies(
+    state: StateStore,
+    from_file: Vec<Policy>,
+    waypoint: WaypointRef,
+    shared: SharedPolicies,
+) {
+    let mut changes = state.subscribe();
+    let mut last = None;
+    loop {
+        let policies = compile(&state, &from_file, &waypoint);
+        if last != Some(policies.len()) {
+            let gateway = format!("{}/{}", waypoint.namespace, waypoint.name);
+            info!(%gateway, policies = policies.len(), "waypoint policies in force");
+            last = Some(policies.len());
+        }
+        *shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
 }

@@ -7,9 +7,11 @@
 //! namespace-wide policies are ztunnel's, never the waypoint's.
 //!
 //! Order, as Istio: a matching DENY denies; else, with no ALLOW policy in force, the
-//! request is allowed; else it needs a matching ALLOW. CUSTOM and AUDIT are not
-//! built: such a policy is refused when loaded. A policy that cannot be read fails
-//! closed: an ALLOW that matches nothing, a DENY that matches everything.
+//! request is allowed; else it needs a matching ALLOW. CUSTOM (external authorization)
+//! and AUDIT are not built: a CUSTOM policy denies everything it targets (it would
+//! otherwise let through what the external check may refuse), an AUDIT policy is
+//! refused when loaded (it only logs). A policy that cannot be read fails closed: an
+//! ALLOW that matches nothing, a DENY that matches everything.
 //!
 //! For TCP traffic the HTTP attributes are unknown: a rule that needs one never
 //! matches in an ALLOW policy and always matches in a DENY policy (denying more,
@@ -172,6 +174,12 @@ fn collect(object: Object, out: &mut Vec<Policy>) -> Result<(), LoadError> {
 }
 
 impl Policy {
+    /// A policy from its spec as JSON (as the waypoint's xDS resource carries it).
+    pub fn from_json(namespace: String, name: String, spec: &str) -> Result<Policy, LoadError> {
+        let spec: serde_yaml::Value = serde_yaml::from_str(spec)?;
+        Policy::from_spec(namespace, name, spec)
+    }
+
     /// A policy from its spec as Kubernetes stores it.
     pub fn from_spec(
         namespace: String,
@@ -197,9 +205,13 @@ impl Policy {
                 (spec, Some(format!("invalid spec: {e}")))
             }
         };
-        let action = match spec.action.as_deref().unwrap_or("ALLOW") {
-            "" | "ALLOW" => Action::Allow,
-            "DENY" => Action::Deny,
+        let (action, broken) = match spec.action.as_deref().unwrap_or("ALLOW") {
+            "" | "ALLOW" => (Action::Allow, broken),
+            "DENY" => (Action::Deny, broken),
+            "CUSTOM" => (
+                Action::Deny,
+                Some("the CUSTOM action (external authorization) is not supported".into()),
+            ),
             other => return Err(LoadError::UnsupportedAction(key, other.to_owned())),
         };
         if let Some(reason) = &broken {

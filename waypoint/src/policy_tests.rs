@@ -228,8 +228,21 @@ fn unreadable_policies_fail_closed_and_unsupported_actions_are_refused() {
     assert!(!allowed(&broken_deny, &Request::default()));
     let broken_allow = policies(&on_gateway("bad", "  rules: 7"));
     assert!(!allowed(&broken_allow, &Request::default()));
-    let err = parse_policies(&on_gateway("ext", "  action: CUSTOM")).unwrap_err();
-    assert!(err.to_string().contains("CUSTOM"), "{err}");
+    let custom = policies(&on_gateway(
+        "ext",
+        "  action: CUSTOM\n  provider: {name: opa}\n  rules: [{to: [{operation: {paths: [/x]}}]}]",
+    ));
+    assert!(
+        !allowed(&custom, &Request::default()),
+        "CUSTOM denies all it targets"
+    );
+    let err = parse_policies(&on_gateway("audit", "  action: AUDIT")).unwrap_err();
+    assert!(err.to_string().contains("AUDIT"), "{err}");
+    let json = Policy::from_json("apps".into(), "j".into(), r#"{"action":"DENY","targetRefs":[{"group":"gateway.networking.k8s.io","kind":"Gateway","name":"waypoint"}],"rules":[{"to":[{"operation":{"methods":["GET"]}}]}]}"#).unwrap();
+    assert!(!allowed(
+        &Policies::for_waypoint(vec![json], &waypoint()),
+        &Request::default()
+    ));
     let err = parse_policies("kind: ConfigMap\nmetadata: {name: x}\n").unwrap_err();
     assert!(
         err.to_string().contains("not an AuthorizationPolicy"),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use futures::future::BoxFuture;
+use shared_types::istio::xds::ZTUNNEL_NODE;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -32,11 +33,24 @@ use mesh_runtime::logging::LogHandle;
 use mesh_runtime::netns::NetnsSwitch;
 use mesh_runtime::readiness::{BlockReady, Readiness};
 
-/// What serves a dedicated-mode workload once its identity, discovery and admin
-/// servers are set up: ztunnel's own three listeners, or another proxy built on the
-/// same parts (the waypoint), which binds its own listeners and spawns their tasks.
-pub type DedicatedProxy =
-    Box<dyn FnOnce(&Config, ProxyInputs) -> BoxFuture<'static, anyhow::Result<()>> + Send>;
+/// Another proxy built on ztunnel's parts (the waypoint), serving a dedicated-mode
+/// workload instead of ztunnel's own three listeners: ztunnel's app sets up its
+/// identity, discovery and admin servers, then `start` binds its listeners and spawns
+/// their tasks.
+pub struct CustomProxy {
+    /// The xDS types it subscribes to.
+    pub xds_types: &'static [&'static str],
+    /// The first part of its xDS node id.
+    pub node_type: &'static str,
+    pub start: StartProxy,
+}
+
+/// Binds a [`CustomProxy`]'s listeners and spawns their tasks; with xDS, the
+/// [`FirstSync`] says when every subscribed type has arrived.
+pub type StartProxy = Box<
+    dyn FnOnce(&Config, ProxyInputs, Option<FirstSync>) -> BoxFuture<'static, anyhow::Result<()>>
+        + Send,
+>;
 
 /// Runs ztunnel until SIGTERM, SIGINT or `/quitquitquit`, then drains.
 pub async fn run(config: Config, logging: Option<LogHandle>) -> anyhow::Result<()> {
@@ -49,8 +63,12 @@ pub async fn run_with(
     mut config: Config,
     logging: Option<LogHandle>,
     metrics: Arc<Metrics>,
-    proxy: Option<DedicatedProxy>,
+    proxy: Option<CustomProxy>,
 ) -> anyhow::Result<()> {
+    let (xds_types, node_type) = match &proxy {
+        Some(p) => (p.xds_types, p.node_type),
+        None => (&xds::TYPES[..], ZTUNNEL_NODE),
+    };
     if let Some(cluster) = config.meta_cluster_id.take() {
         config.cluster_id = cluster;
     }
@@ -91,7 +109,12 @@ pub async fn run_with(
     // xDS fills the store in the background: pods wait for its first sync.
     let from_xds = match config.discovery() {
         DiscoverySource::Xds => Some(start_xds_discovery(
-            &config, &state, &metrics, &readiness, &shutdown,
+            &config,
+            (xds_types, node_type),
+            &state,
+            &metrics,
+            &readiness,
+            &shutdown,
         )?),
         DiscoverySource::Local => None,
     };
@@ -156,7 +179,7 @@ pub async fn run_with(
                 own_ports: OwnPorts::from_config(&config),
             };
             if let Some(proxy) = proxy {
-                proxy(&config, inputs).await?;
+                (proxy.start)(&config, inputs, from_xds.clone()).await?;
             } else {
                 let addrs = ListenAddrs {
                     outbound: config.outbound_addr,
@@ -267,6 +290,7 @@ async fn first_certificate(
 /// unreachable istiod is retried, not fatal.
 fn start_xds_discovery(
     config: &Config,
+    (types, node_type): (&'static [&'static str], &'static str),
     state: &StateStore,
     metrics: &Metrics,
     readiness: &Readiness,
@@ -299,6 +323,7 @@ fn start_xds_discovery(
             &config.alt_xds_hostname,
         )?,
         node: xds::NodeIdentity {
+            node_type,
             pod_name: config.pod_name.clone(),
             pod_namespace: config.pod_namespace.clone(),
             instance_ip: config.instance_ip.clone(),
@@ -307,6 +332,7 @@ fn start_xds_discovery(
             extra_metadata: xds::NodeIdentity::istio_meta_from_env(),
         },
         on_demand: config.xds_on_demand.then(|| config.network.clone()),
+        types,
     };
     let ready = readiness.register("xds");
     let synced = xds::start(

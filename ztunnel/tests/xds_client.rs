@@ -176,6 +176,7 @@ fn start_client_with(
             packet_mark: 0,
         },
         node: NodeIdentity {
+            node_type: "ztunnel",
             pod_name: "ztunnel-a1".into(),
             pod_namespace: "istio-system".into(),
             instance_ip: "10.0.0.7".into(),
@@ -184,6 +185,7 @@ fn start_client_with(
             extra_metadata: vec![],
         },
         on_demand,
+        types: &xds::TYPES,
     };
     let synced = xds::start(
         config,

@@ -4,3 +4,4 @@ pub mod gateway_class;
 pub mod leader;
 pub mod pods;
 pub mod root_publisher;
+pub mod waypoints;

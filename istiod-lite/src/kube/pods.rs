@@ -11,12 +11,17 @@ use kube::ResourceExt;
 use mesh_kube::watch::Update;
 use tokio::sync::watch;
 
-/// What the CA needs to know of a pod.
+use crate::model::convert::{GATEWAY_MANAGED_LABEL, WAYPOINT_CONTROLLER};
+
+/// What the CA and xDS need to know of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodFacts {
     pub uid: String,
     pub service_account: String,
     pub node: String,
+    /// A waypoint's pod (`gateway.istio.io/managed: istio.io-mesh-controller`, set by
+    /// the waypoint controller): it may stream xDS.
+    pub waypoint: bool,
 }
 
 /// (node, namespace, service account).
@@ -159,10 +164,15 @@ fn facts(pod: &Pod) -> Option<PodFacts> {
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
     }
+    let waypoint = pod
+        .labels()
+        .get(GATEWAY_MANAGED_LABEL)
+        .is_some_and(|v| v == WAYPOINT_CONTROLLER);
     Some(PodFacts {
         uid: pod.uid()?,
         service_account: mesh_kube::pod::service_account(pod).to_owned(),
         node,
+        waypoint,
     })
 }
 

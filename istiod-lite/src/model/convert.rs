@@ -15,7 +15,7 @@ use tracing::debug;
 
 use super::policy::ConvertedPolicy;
 use super::Options;
-use mesh_model::service::{IpFamilies, NamespacedHostname, NetworkAddress};
+use mesh_model::service::{AppProtocol, IpFamilies, NamespacedHostname, NetworkAddress};
 use mesh_model::workload::{GatewayAddress, GatewayDestination, NetworkMode};
 use mesh_model::{HealthStatus, Protocol, Service, Workload};
 
@@ -54,10 +54,14 @@ pub fn service(svc: &KubeService, opts: &Options) -> Option<ServiceInfo> {
     }
     let mut targets = Vec::new();
     let mut ports = HashMap::new();
+    let mut app_protocols = HashMap::new();
     for p in spec.ports.iter().flatten() {
         let Some((port, target)) = service_port(p) else {
             continue;
         };
+        if let Some(protocol) = app_protocol(p) {
+            app_protocols.insert(port, protocol);
+        }
         // Istio's form: a named target port is 0 on the service (resolved per workload).
         ports.insert(
             port,
@@ -76,10 +80,30 @@ pub fn service(svc: &KubeService, opts: &Options) -> Option<ServiceInfo> {
             vips: service_vips(svc),
             ports,
             ip_families: ip_families(spec.ip_families.as_deref().unwrap_or_default()),
+            app_protocols,
             ..Default::default()
         },
         selector: spec.selector.clone().unwrap_or_default(),
         targets,
+    })
+}
+
+/// A port's application protocol as Istio reads it: `appProtocol` if set, else the
+/// port name's prefix (`http`, `http-web`, `grpc-api`, ...). Only the protocols a
+/// waypoint parses are kept; the rest is TCP.
+fn app_protocol(p: &ServicePort) -> Option<AppProtocol> {
+    let declared = match p.app_protocol.as_deref().filter(|a| !a.is_empty()) {
+        Some(app_protocol) => app_protocol.to_ascii_lowercase(),
+        None => {
+            let name = p.name.as_deref()?;
+            name.split('-').next().unwrap_or(name).to_ascii_lowercase()
+        }
+    };
+    Some(match declared.as_str() {
+        "http" => AppProtocol::Http11,
+        "http2" | "h2c" | "kubernetes.io/h2c" => AppProtocol::Http2,
+        "grpc" | "grpc-web" => AppProtocol::Grpc,
+        _ => return None,
     })
 }
 
@@ -156,26 +180,93 @@ pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
 pub const USE_WAYPOINT_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-namespace";
 /// Istio's waypoint deployments carry this (value `istio.io-mesh-controller`); a
 /// waypoint never uses a waypoint.
-const GATEWAY_MANAGED_LABEL: &str = "gateway.istio.io/managed";
-const WAYPOINT_CONTROLLER: &str = "istio.io-mesh-controller";
+pub const GATEWAY_MANAGED_LABEL: &str = "gateway.istio.io/managed";
+pub const WAYPOINT_CONTROLLER: &str = "istio.io-mesh-controller";
 
 /// Namespace name -> its labels.
 pub type NamespaceLabels = HashMap<String, BTreeMap<String, String>>;
 
-/// The waypoint an object in `namespace` with `labels` uses, as istiod resolves the
-/// `istio.io/use-waypoint` labels: the object's own label, else its namespace's; the
-/// waypoint is the Service `<name>.<waypoint namespace>`, reached on HBONE.
-///
-/// istiod attaches a namespace's waypoint to pods only when the waypoint (a Gateway)
-/// is `istio.io/waypoint-for: workload|all`. Gateways are not watched here, so a
-/// labelled namespace binds its pods too: traffic is refused (see the proxies) rather
-/// than let through without the waypoint's policy.
-pub fn waypoint(
+/// `istio.io/waypoint-for` on a waypoint's Gateway: which traffic it takes.
+pub const WAYPOINT_FOR_LABEL: &str = "istio.io/waypoint-for";
+
+/// The traffic a waypoint takes, as Istio's `istio.io/waypoint-for` values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WaypointFor {
+    /// Traffic addressed to Services (Istio's default).
+    #[default]
+    Service,
+    /// Traffic addressed to pods directly.
+    Workload,
+    All,
+    None,
+}
+
+impl WaypointFor {
+    /// The label's value; anything else is Istio's default.
+    pub fn parse(value: &str) -> Self {
+        match value {
+            "workload" => WaypointFor::Workload,
+            "all" => WaypointFor::All,
+            "none" => WaypointFor::None,
+            _ => WaypointFor::Service,
+        }
+    }
+
+    fn services(self) -> bool {
+        matches!(self, WaypointFor::Service | WaypointFor::All)
+    }
+
+    fn workloads(self) -> bool {
+        matches!(self, WaypointFor::Workload | WaypointFor::All)
+    }
+}
+
+/// What binds Services and pods to waypoints: the `istio.io/use-waypoint` labels of
+/// namespaces (objects carry their own), and what each waypoint's Gateway takes.
+#[derive(Clone, Debug, Default)]
+pub struct WaypointBindings {
+    pub namespaces: NamespaceLabels,
+    /// `(namespace, name)` of each `istio-waypoint` Gateway -> its `waypoint-for`.
+    pub gateways: HashMap<(String, String), WaypointFor>,
+}
+
+impl WaypointBindings {
+    /// The waypoint of a Service (`workload` false) or a pod (`workload` true) in
+    /// `namespace` with `labels`. A waypoint whose Gateway is not (yet) known is taken
+    /// as Istio's default Gateway (`waypoint-for: service`): its Services are bound,
+    /// and refused by the proxies until it runs, rather than let through without its
+    /// policy (Istio leaves them unbound).
+    pub fn waypoint(
+        &self,
+        namespace: &str,
+        labels: Option<&BTreeMap<String, String>>,
+        workload: bool,
+        cluster_domain: &str,
+    ) -> Option<GatewayAddress> {
+        let (waypoint_namespace, name) =
+            waypoint_ref(namespace, labels, self.namespaces.get(namespace))?;
+        let takes = self
+            .gateways
+            .get(&(waypoint_namespace.clone(), name.clone()))
+            .copied()
+            .unwrap_or_default();
+        let bound = if workload {
+            takes.workloads()
+        } else {
+            takes.services()
+        };
+        bound.then(|| waypoint_address(&waypoint_namespace, &name, cluster_domain))
+    }
+}
+
+/// The waypoint `(namespace, name)` an object in `namespace` with `labels` names, as
+/// istiod resolves the `istio.io/use-waypoint` labels: the object's own label, else
+/// its namespace's (`none` opts out); a waypoint never uses one.
+pub fn waypoint_ref(
     namespace: &str,
     labels: Option<&BTreeMap<String, String>>,
     namespace_labels: Option<&BTreeMap<String, String>>,
-    cluster_domain: &str,
-) -> Option<GatewayAddress> {
+) -> Option<(String, String)> {
     if labels
         .and_then(|l| l.get(GATEWAY_MANAGED_LABEL))
         .is_some_and(|v| v == WAYPOINT_CONTROLLER)
@@ -195,13 +286,18 @@ pub fn waypoint(
         .map(|n| n.trim())
         .filter(|n| !n.is_empty())
         .unwrap_or(namespace);
-    Some(GatewayAddress {
+    Some((waypoint_namespace.to_string(), name.to_string()))
+}
+
+/// A waypoint's address in Istio's workload API: its Service, reached on HBONE.
+pub fn waypoint_address(namespace: &str, name: &str, cluster_domain: &str) -> GatewayAddress {
+    GatewayAddress {
         destination: GatewayDestination::Hostname(NamespacedHostname {
-            namespace: waypoint_namespace.to_string(),
-            hostname: service_hostname(name, waypoint_namespace, cluster_domain),
+            namespace: namespace.to_string(),
+            hostname: service_hostname(name, namespace, cluster_domain),
         }),
         hbone_mtls_port: HBONE_PORT,
-    })
+    }
 }
 
 /// Services by one label of their selector, so a pod is matched only against the

@@ -180,6 +180,34 @@ fn service_converts_vips_ports_and_hostname() {
 }
 
 #[test]
+fn port_protocols_come_from_app_protocol_then_the_name_prefix() {
+    let svc = svc_yaml(
+        r#"
+metadata: {name: p, namespace: n}
+spec:
+  clusterIP: 10.96.0.9
+  ports:
+  - {name: http, port: 80}
+  - {name: http-web, port: 81}
+  - {name: grpc-api, port: 82}
+  - {name: tcp, port: 83, appProtocol: kubernetes.io/h2c}
+  - {name: http-but-tcp, port: 84, appProtocol: tcp}
+  - {name: https, port: 443}
+  - {port: 85, appProtocol: HTTP}
+"#,
+    );
+    let protocols = &services(&[svc])[0].service.app_protocols;
+    let want = [
+        (80, AppProtocol::Http11),
+        (81, AppProtocol::Http11),
+        (82, AppProtocol::Grpc),
+        (83, AppProtocol::Http2),
+        (85, AppProtocol::Http11),
+    ];
+    assert_eq!(protocols, &want.into_iter().collect());
+}
+
+#[test]
 fn headless_external_name_and_load_balancer_services() {
     let headless = svc_yaml(
         "metadata: {name: h, namespace: n}\nspec: {clusterIP: None, selector: {a: b}, ports: [{port: 80}]}\n",
@@ -307,36 +335,60 @@ fn build_is_sorted_and_deterministic() {
 fn use_waypoint_labels_bind_pods_and_services_as_istiod_does() {
     let labels = |y: &str| -> BTreeMap<String, String> { serde_yaml::from_str(y).unwrap() };
     let ns = labels("{istio.io/use-waypoint: wp}");
-    let domain = "cluster.local";
+    let named = |labels, namespace_labels| waypoint_ref("app", labels, namespace_labels);
+    let wp = || Some(("app".to_string(), "wp".to_string()));
     // A namespace's label applies to its objects without their own.
-    let w = waypoint("app", Some(&labels("{app: web}")), Some(&ns), domain).unwrap();
-    assert_eq!(w.destination.to_string(), "app/wp.app.svc.cluster.local");
-    assert_eq!(w.hbone_mtls_port, 15008);
+    let web = labels("{app: web}");
+    assert_eq!(named(Some(&web), Some(&ns)), wp());
+    let address = waypoint_address("app", "wp", "cluster.local");
+    assert_eq!(
+        address.destination.to_string(),
+        "app/wp.app.svc.cluster.local"
+    );
+    assert_eq!(address.hbone_mtls_port, 15008);
     // The object's own label wins, `none` included; the waypoint may live elsewhere.
     let none = labels("{istio.io/use-waypoint: none}");
-    assert!(waypoint("app", Some(&none), Some(&ns), domain).is_none());
+    assert_eq!(named(Some(&none), Some(&ns)), None);
     let elsewhere = labels("{istio.io/use-waypoint: mine, istio.io/use-waypoint-namespace: infra}");
-    let w = waypoint("app", Some(&elsewhere), None, domain).unwrap();
     assert_eq!(
-        w.destination.to_string(),
-        "infra/mine.infra.svc.cluster.local"
+        named(Some(&elsewhere), None),
+        Some(("infra".to_string(), "mine".to_string()))
     );
     // A waypoint never uses one; no label anywhere means none.
     let managed = labels("{gateway.istio.io/managed: istio.io-mesh-controller}");
-    assert!(waypoint("app", Some(&managed), Some(&ns), domain).is_none());
-    assert!(waypoint("app", None, None, domain).is_none());
-    // Through build: the namespace's label reaches its pods and services.
-    let namespaces: NamespaceLabels = [("app".to_string(), ns)].into();
-    let built = build(
-        &[pod_yaml(POD)],
-        &[svc_yaml(SVC)],
-        &namespaces,
-        &[],
-        &Default::default(),
-        &opts(),
-    );
-    assert!(built.workloads[0].waypoint.is_some());
-    assert!(built.services[0].waypoint.is_some());
+    assert_eq!(named(Some(&managed), Some(&ns)), None);
+    assert_eq!(named(None, None), None);
+
+    // Through build: the Gateway's `waypoint-for` says which of the namespace's
+    // objects are bound; without a Gateway, Istio's default (Services).
+    let bound = |takes: Option<WaypointFor>| {
+        let mut bindings = WaypointBindings {
+            namespaces: [("app".to_string(), ns.clone())].into(),
+            ..Default::default()
+        };
+        if let Some(takes) = takes {
+            bindings.gateways.insert(wp().unwrap(), takes);
+        }
+        let built = build(
+            &[pod_yaml(POD)],
+            &[svc_yaml(SVC)],
+            &bindings,
+            &[],
+            &Default::default(),
+            &opts(),
+        );
+        (
+            built.workloads[0].waypoint.is_some(),
+            built.services[0].waypoint.is_some(),
+        )
+    };
+    assert_eq!(bound(None), (false, true));
+    assert_eq!(bound(Some(WaypointFor::Service)), (false, true));
+    assert_eq!(bound(Some(WaypointFor::Workload)), (true, false));
+    assert_eq!(bound(Some(WaypointFor::All)), (true, true));
+    assert_eq!(bound(Some(WaypointFor::None)), (false, false));
+    assert_eq!(WaypointFor::parse("workload"), WaypointFor::Workload);
+    assert_eq!(WaypointFor::parse("bogus"), WaypointFor::Service);
     let unlabelled = build(
         &[pod_yaml(POD)],
         &[svc_yaml(SVC)],
@@ -346,4 +398,5 @@ fn use_waypoint_labels_bind_pods_and_services_as_istiod_does() {
         &opts(),
     );
     assert!(unlabelled.workloads[0].waypoint.is_none());
+    assert!(unlabelled.services[0].waypoint.is_none());
 }

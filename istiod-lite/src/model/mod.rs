@@ -1,8 +1,8 @@
 //! The model: Kubernetes objects into the xDS resources every ztunnel receives,
 //! converted the way istiod converts them for ztunnel.
 //!
-//! Watches Pods, Services, Namespaces and `security.istio.io/v1` AuthorizationPolicies
-//! and PeerAuthentications (list and watch only, cluster-wide) and publishes
+//! Watches Pods, Services, Namespaces, waypoints' Gateways and `security.istio.io/v1`
+//! AuthorizationPolicies and PeerAuthentications (list and watch only, cluster-wide) and publishes
 //! `istio.workload.Address` (workloads by uid, services by `namespace/hostname`) and
 //! `istio.security.Authorization` (by `namespace/name`) into the [`ResourceStore`].
 //! Namespaces are read only for their `istio.io/use-waypoint` labels. Nodes and
@@ -68,6 +68,18 @@ impl Default for Options {
     }
 }
 
+/// `gateway.networking.k8s.io/v1` Gateway, read as a dynamic object (served only while
+/// the Gateway API CRDs are installed).
+pub fn gateway_resource() -> ApiResource {
+    ApiResource {
+        group: "gateway.networking.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "gateway.networking.k8s.io/v1".into(),
+        kind: "Gateway".into(),
+        plural: "gateways".into(),
+    }
+}
+
 /// `security.istio.io/v1` AuthorizationPolicy, read as a dynamic object.
 pub fn authorization_policy_resource() -> ApiResource {
     ApiResource {
@@ -90,7 +102,7 @@ pub fn start(
     cancel: CancellationToken,
 ) -> signal::Receiver<bool> {
     let changes = signal::Sender::new(0u64);
-    let kinds: [Arc<AtomicBool>; 5] = Default::default();
+    let kinds: [Arc<AtomicBool>; 6] = Default::default();
     let progress = |i: usize| Progress {
         changes: changes.clone(),
         synced: kinds[i].clone(),
@@ -103,7 +115,10 @@ pub fn start(
     let pa = peer_authn::resource();
     let peer_authns = Writer::<DynamicObject>::new(pa.clone());
     let namespaces = Writer::<Namespace>::default();
+    let gw = gateway_resource();
+    let gateways = Writer::<DynamicObject>::new(gw.clone());
     let stores = Stores {
+        gateways: gateways.as_reader(),
         pods: pods.as_reader(),
         services: services.as_reader(),
         policies: policies.as_reader(),
@@ -151,6 +166,15 @@ pub fn start(
         |_| {},
         c.clone(),
     );
+    watch::spawn(
+        "gateways",
+        Api::<DynamicObject>::all_with(client.clone(), &gw),
+        gateways,
+        IfAbsent::Empty,
+        progress(5),
+        |_| {},
+        c.clone(),
+    );
     let pa_api = Api::<DynamicObject>::all_with(client, &pa);
     watch::spawn(
         "peerauthentications",
@@ -179,7 +203,7 @@ pub fn start(
 async fn run(
     mut rebuilder: Rebuilder,
     mut changes: signal::Receiver<u64>,
-    kinds: [Arc<AtomicBool>; 5],
+    kinds: [Arc<AtomicBool>; 6],
     synced: signal::Sender<bool>,
     cancel: CancellationToken,
 ) {

@@ -15,12 +15,16 @@ use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 use prost::Message;
 use shared_types::istio::xds::{Any, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
+use shared_types::waypoint::{WaypointPolicy, WAYPOINT_POLICY_TYPE_URL};
 use tracing::{debug, info, warn};
 
-use super::convert::{self, NamespaceLabels, ServiceIndex, ServiceInfo};
+use super::convert::{
+    self, ServiceIndex, ServiceInfo, WaypointBindings, WaypointFor, WAYPOINT_FOR_LABEL,
+};
 use super::peer_authn::{self, Effective, PeerAuthentications};
 use super::policy::{self, ConvertedPolicy};
 use super::Options;
+use crate::kube::gateway_class::WAYPOINT_CLASS;
 use crate::xds::store::{Published, ResourceStore};
 use mesh_model::xds::{encode_authorization, encode_service, encode_workload};
 use mesh_model::{Authorization, Service, Workload};
@@ -34,6 +38,8 @@ pub struct Stores {
     pub peer_authentications: Store<DynamicObject>,
     /// Only for their `istio.io/use-waypoint` labels.
     pub namespaces: Store<Namespace>,
+    /// Only `istio-waypoint` ones, for their `istio.io/waypoint-for` label.
+    pub gateways: Store<DynamicObject>,
 }
 
 /// Everything the source publishes, sorted by key so two builds compare equal.
@@ -42,6 +48,8 @@ pub struct Built {
     pub workloads: Vec<Workload>,
     pub services: Vec<Service>,
     pub policies: Vec<Authorization>,
+    /// AuthorizationPolicies with `targetRefs`, for waypoints, by `namespace/name`.
+    pub waypoint_policies: Vec<WaypointPolicy>,
 }
 
 impl Built {
@@ -98,6 +106,17 @@ impl Built {
                 (p.key(), body)
             })
             .collect();
+        let waypoint_policies = self.waypoint_policies.iter().map(|p| {
+            let body = Any {
+                type_url: WAYPOINT_POLICY_TYPE_URL.into(),
+                value: p.encode_to_vec(),
+            };
+            (format!("{}/{}", p.namespace, p.name), body)
+        });
+        store.replace_all(
+            WAYPOINT_POLICY_TYPE_URL,
+            waypoint_policies.collect::<Vec<_>>(),
+        );
         // Policies first: a workload never names a policy the proxies do not have.
         store.replace_all(AUTHORIZATION_TYPE_URL, policies);
         store.replace_all(ADDRESS_TYPE_URL, addresses);
@@ -106,29 +125,25 @@ impl Built {
 
 /// Converts all objects. Pure: the same objects always give the same [`Built`].
 /// PeerAuthentications add, per workload, the policy keys of its effective mTLS mode
-/// (and the policies those keys name). Namespace labels give pods and services their
-/// namespace's waypoint.
+/// (and the policies those keys name). `waypoints` binds pods and services to their
+/// waypoints.
 pub fn build(
     pods: &[Arc<Pod>],
     services: &[Arc<KubeService>],
-    namespaces: &NamespaceLabels,
+    waypoints: &WaypointBindings,
     policies: &[ConvertedPolicy],
     peer_authns: &PeerAuthentications,
     opts: &Options,
 ) -> Built {
-    let waypoint = |namespace: &str, labels| {
-        convert::waypoint(
-            namespace,
-            labels,
-            namespaces.get(namespace),
-            &opts.cluster_domain,
-        )
+    let waypoint = |namespace: &str, labels, workload| {
+        waypoints.waypoint(namespace, labels, workload, &opts.cluster_domain)
     };
     let services: Vec<ServiceInfo> = services
         .iter()
         .filter_map(|s| {
             let mut info = convert::service(s, opts)?;
-            info.service.waypoint = waypoint(&info.service.namespace, s.metadata.labels.as_ref());
+            info.service.waypoint =
+                waypoint(&info.service.namespace, s.metadata.labels.as_ref(), false);
             Some(info)
         })
         .collect();
@@ -145,7 +160,7 @@ pub fn build(
         .filter_map(|p| {
             let ns = p.metadata.namespace.as_deref().unwrap_or_default();
             let mut w = convert::pod(p, &service_index, policies, opts)?;
-            w.waypoint = waypoint(ns, p.metadata.labels.as_ref());
+            w.waypoint = waypoint(ns, p.metadata.labels.as_ref(), true);
             let labels = p.metadata.labels.clone().unwrap_or_default();
             let key = match peer_authns.effective(ns, &labels) {
                 Effective::Permissive => return Some(w),
@@ -175,6 +190,7 @@ pub fn build(
         workloads,
         services,
         policies,
+        waypoint_policies: Vec::new(),
     }
 }
 
@@ -206,21 +222,36 @@ impl Rebuilder {
     pub fn rebuild(&mut self) -> bool {
         let policies = self.convert_policies();
         let peer_authns = self.convert_peer_authentications();
-        let namespaces: NamespaceLabels = self
-            .stores
-            .namespaces
-            .state()
-            .iter()
-            .filter_map(|ns| Some((ns.metadata.name.clone()?, ns.labels().clone())))
-            .collect();
-        let built = build(
+        let waypoints = WaypointBindings {
+            namespaces: self
+                .stores
+                .namespaces
+                .state()
+                .iter()
+                .filter_map(|ns| Some((ns.metadata.name.clone()?, ns.labels().clone())))
+                .collect(),
+            gateways: self
+                .stores
+                .gateways
+                .state()
+                .iter()
+                .filter(|g| g.data["spec"]["gatewayClassName"] == WAYPOINT_CLASS)
+                .map(|g| {
+                    let takes = g.labels().get(WAYPOINT_FOR_LABEL).map(String::as_str);
+                    let key = (g.namespace().unwrap_or_default(), g.name_any());
+                    (key, WaypointFor::parse(takes.unwrap_or_default()))
+                })
+                .collect(),
+        };
+        let mut built = build(
             &self.stores.pods.state(),
             &self.stores.services.state(),
-            &namespaces,
+            &waypoints,
             &policies,
             &peer_authns,
             &self.opts,
         );
+        built.waypoint_policies = self.waypoint_policies();
         if self.last.as_ref() == Some(&built) {
             return false;
         }
@@ -283,6 +314,31 @@ impl Rebuilder {
         out
     }
 
+    /// The AuthorizationPolicies that attach by `targetRefs`, for the waypoints, which
+    /// read Istio's spec as it is; sorted by key.
+    fn waypoint_policies(&self) -> Vec<WaypointPolicy> {
+        let mut out: Vec<WaypointPolicy> = self
+            .stores
+            .policies
+            .state()
+            .iter()
+            .filter(|obj| {
+                let spec = &obj.data["spec"];
+                !spec["targetRef"].is_null()
+                    || spec["targetRefs"].as_array().is_some_and(|t| !t.is_empty())
+            })
+            .filter_map(|obj| {
+                Some(WaypointPolicy {
+                    name: obj.metadata.name.clone()?,
+                    namespace: obj.metadata.namespace.clone()?,
+                    spec_json: obj.data["spec"].to_string(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        out
+    }
+
     fn convert_peer_authentications(&mut self) -> PeerAuthentications {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
@@ -329,7 +385,7 @@ mod tests {
                 vips: vec!["net1/10.96.0.10".parse().unwrap()],
                 ..Default::default()
             }],
-            policies: vec![],
+            ..Default::default()
         };
         let store = ResourceStore::default();
         built.publish(&store);

@@ -24,17 +24,23 @@ use shared_types::istio::xds::{
     string_field, AggregatedDiscoveryService, DeltaDiscoveryRequest, DeltaDiscoveryResponse,
     DiscoveryRequest, DiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
+use shared_types::waypoint::WAYPOINT_POLICY_TYPE_URL;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::ca::authn::{AuthnError, TokenAuthenticator};
+use crate::ca::authn::{AuthnError, Caller, TokenAuthenticator};
+use crate::kube::pods::PodIndex;
 pub use metrics::XdsMetrics;
 pub use status::{Connections, ProxyStatus, SyncState};
 pub use store::ResourceStore;
 
-/// The types served, as Istio's istiod serves ztunnels.
-pub const TYPES: [&str; 2] = [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL];
+/// The types served: Istio's for ztunnels, and the waypoints' policies.
+pub const TYPES: [&str; 3] = [
+    ADDRESS_TYPE_URL,
+    AUTHORIZATION_TYPE_URL,
+    WAYPOINT_POLICY_TYPE_URL,
+];
 /// How long a stream may take to send its first request.
 const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Responses queued per stream before its task waits: a stuck client costs one
@@ -46,6 +52,8 @@ pub struct AdsService {
     pub authn: Arc<TokenAuthenticator>,
     /// (namespace, service account) allowed to stream: the node proxies.
     pub trusted: HashSet<(String, String)>,
+    /// Pods by name: a waypoint's pod-bound token may stream too.
+    pub pods: PodIndex,
     /// istiod's namespace: its accounts may read the debug types.
     pub system_namespace: String,
     /// A burst of changes within this window is one push per stream.
@@ -113,7 +121,8 @@ impl AggregatedDiscoveryService for AdsService {
         let (responses, rx) = mpsc::channel(QUEUE);
         let proxy = self
             .trusted
-            .contains(&(id.namespace.clone(), id.service_account.clone()));
+            .contains(&(id.namespace.clone(), id.service_account.clone()))
+            || self.is_waypoint(&caller);
         if !proxy {
             if debug::serves(&first.type_url) && id.namespace == self.system_namespace {
                 tracing::debug!(caller = %id, "xDS debug stream open");
@@ -129,7 +138,7 @@ impl AggregatedDiscoveryService for AdsService {
             return Err(self.refuse(
                 "untrusted_caller",
                 Status::permission_denied(format!(
-                    "{id} is not a node proxy account (CA_TRUSTED_NODE_ACCOUNTS), nor a debug caller from istiod's namespace"
+                    "{id} is not a node proxy account (CA_TRUSTED_NODE_ACCOUNTS), nor a waypoint's pod, nor a debug caller from istiod's namespace"
                 )),
             ));
         }
@@ -149,6 +158,16 @@ impl AggregatedDiscoveryService for AdsService {
 }
 
 impl AdsService {
+    /// Whether the caller's token is bound to a waypoint's pod (the one with that UID).
+    fn is_waypoint(&self, caller: &Caller) -> bool {
+        let Some(bound) = &caller.pod else {
+            return false;
+        };
+        self.pods
+            .get(&caller.identity.namespace, &bound.name)
+            .is_some_and(|pod| pod.uid == bound.uid && pod.waypoint)
+    }
+
     fn refuse(&self, reason: &'static str, status: Status) -> Status {
         tracing::info!(reason, error = %status.message(), "xDS stream refused");
         self.metrics.refused(reason);

@@ -39,10 +39,20 @@ pub mod node_metadata {
     pub const CLUSTER_ID: &str = "CLUSTER_ID";
 }
 
-/// Istio's node id for a ztunnel: `ztunnel~<ip>~<pod>.<namespace>~<namespace>.svc.cluster.local`
-/// (istiod wants four `~` parts and reads the proxy type from the first).
+/// Istio's xDS node id for a ztunnel: `ztunnel~IP~POD.NS~NS.svc.cluster.local`.
 pub fn ztunnel_node_id(instance_ip: &str, pod: &str, namespace: &str) -> String {
-    format!("ztunnel~{instance_ip}~{pod}.{namespace}~{namespace}.svc.cluster.local")
+    node_id(ZTUNNEL_NODE, instance_ip, pod, namespace)
+}
+
+/// The node type in a ztunnel's id.
+pub const ZTUNNEL_NODE: &str = "ztunnel";
+/// The node type in a gateway's or waypoint's id (Istio's `router`).
+pub const ROUTER_NODE: &str = "router";
+
+/// Istio's xDS node id: `TYPE~IP~POD.NS~NS.svc.cluster.local` (istiod wants four `~`
+/// parts and reads the proxy type from the first).
+pub fn node_id(node_type: &str, instance_ip: &str, pod: &str, namespace: &str) -> String {
+    format!("{node_type}~{instance_ip}~{pod}.{namespace}~{namespace}.svc.cluster.local")
 }
 
 /// A `Struct` of string values, as Istio's proxies send node metadata.

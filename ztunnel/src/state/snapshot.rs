@@ -15,6 +15,7 @@ use tracing::{debug, info};
 use super::policy::{Action, Authorization, ConnectionAttrs, Denied, Scope};
 use super::service::{Endpoint, Service};
 use super::workload::{GatewayAddress, GatewayDestination, NetworkMode, Workload};
+use shared_types::waypoint::WaypointPolicy;
 
 #[derive(Debug, Default, Clone)]
 pub struct ProxyState {
@@ -32,6 +33,9 @@ pub struct ProxyState {
     /// Namespace -> keys of Namespace-scoped policies in it.
     policies_by_namespace: HashMap<String, BTreeSet<String>>,
     global_policies: BTreeSet<String>,
+    /// Waypoint policies (Istio AuthorizationPolicies with `targetRefs`), by
+    /// `namespace/name`; only a waypoint subscribes to them.
+    waypoint_policies: HashMap<String, Arc<WaypointPolicy>>,
 }
 
 impl ProxyState {
@@ -171,6 +175,20 @@ impl ProxyState {
         Some(old)
     }
 
+    pub fn insert_waypoint_policy(&mut self, policy: WaypointPolicy) {
+        let key = format!("{}/{}", policy.namespace, policy.name);
+        self.waypoint_policies.insert(key, Arc::new(policy));
+    }
+
+    pub fn remove_waypoint_policy(&mut self, key: &str) -> Option<Arc<WaypointPolicy>> {
+        self.waypoint_policies.remove(key)
+    }
+
+    /// Every waypoint policy, by key.
+    pub fn waypoint_policies(&self) -> impl Iterator<Item = &Arc<WaypointPolicy>> {
+        self.waypoint_policies.values()
+    }
+
     /// Adds everything from `other`; its entries win on key collisions.
     pub fn merge_from(&mut self, other: &ProxyState) {
         for w in other.workloads.values() {
@@ -181,6 +199,9 @@ impl ProxyState {
         }
         for p in other.policies.values() {
             self.insert_policy_arc(p.clone());
+        }
+        for (key, p) in &other.waypoint_policies {
+            self.waypoint_policies.insert(key.clone(), p.clone());
         }
     }
 

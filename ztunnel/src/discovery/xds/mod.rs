@@ -17,12 +17,12 @@ mod stream;
 
 use std::sync::Arc;
 
-use shared_types::istio::xds::{node_metadata, string_struct, ztunnel_node_id, Node};
+use shared_types::istio::xds::{node_id, node_metadata, string_struct, Node};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use metrics::XdsMetrics;
-pub use resources::{ResourceError, Resources};
+pub use resources::{ResourceError, Resources, TYPES, WAYPOINT_TYPES};
 
 use crate::control_plane::{ControlPlane, ControlPlaneConfig, ControlPlaneError};
 use crate::discovery::FirstSync;
@@ -36,6 +36,8 @@ pub const SOURCE: &str = "xds";
 /// Who this ztunnel is to istiod: Istio's node id and metadata, from the downward API.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeIdentity {
+    /// The id's first part: `ztunnel`, or `router` for a waypoint.
+    pub node_type: &'static str,
     /// `POD_NAME`: the ztunnel pod.
     pub pod_name: String,
     /// `POD_NAMESPACE`: istiod checks the stream's token belongs to it.
@@ -73,7 +75,12 @@ impl NodeIdentity {
             (node_metadata::CLUSTER_ID, self.cluster_id.as_str()),
         ]);
         Node {
-            id: ztunnel_node_id(&self.instance_ip, &self.pod_name, &self.pod_namespace),
+            id: node_id(
+                self.node_type,
+                &self.instance_ip,
+                &self.pod_name,
+                &self.pod_namespace,
+            ),
             metadata: Some(string_struct(fields)),
             ..Default::default()
         }
@@ -88,6 +95,9 @@ pub struct XdsConfig {
     pub node: NodeIdentity,
     /// `XDS_ON_DEMAND`: Some(this ztunnel's `NETWORK`), the network of the keys.
     pub on_demand: Option<String>,
+    /// The types to subscribe to: [`resources::TYPES`] for ztunnel,
+    /// [`resources::WAYPOINT_TYPES`] for a waypoint.
+    pub types: &'static [&'static str],
 }
 
 /// Starts the client; it runs, reconnecting, until `cancel` fires. `ready` is
@@ -113,6 +123,7 @@ pub fn start(
             state,
             metrics,
             lookups,
+            types: config.types,
         },
         ready,
         synced_tx,
@@ -129,6 +140,7 @@ mod tests {
     #[test]
     fn node_id_and_metadata_are_istios() {
         let node = NodeIdentity {
+            node_type: "ztunnel",
             pod_name: "ztunnel-x1".into(),
             pod_namespace: "istio-system".into(),
             instance_ip: "10.0.0.7".into(),

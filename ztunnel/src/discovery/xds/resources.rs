@@ -8,12 +8,19 @@ use prost::Message;
 use shared_types::istio::security::{self, AUTHORIZATION_TYPE_URL};
 use shared_types::istio::workload::{self, ADDRESS_TYPE_URL};
 use shared_types::istio::xds::{DeltaDiscoveryResponse, Resource};
+use shared_types::waypoint::{WaypointPolicy, WAYPOINT_POLICY_TYPE_URL};
 
 use crate::state::ProxyState;
 use mesh_model::xds::{self as convert, Converted};
 
 /// The types ztunnel subscribes to, in the order it asks for them.
 pub const TYPES: [&str; 2] = [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL];
+/// What a waypoint subscribes to: ztunnel's types, then its policies.
+pub const WAYPOINT_TYPES: [&str; 3] = [
+    ADDRESS_TYPE_URL,
+    AUTHORIZATION_TYPE_URL,
+    WAYPOINT_POLICY_TYPE_URL,
+];
 
 /// One refused resource (or a refused response, with an empty name).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +45,7 @@ enum Key {
     Workload(String),
     Service(String),
     Policy(String),
+    WaypointPolicy(String),
 }
 
 #[derive(Debug, Clone)]
@@ -46,14 +54,41 @@ struct Held {
     key: Key,
 }
 
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct Resources {
+    /// The types subscribed to ([`TYPES`] or [`WAYPOINT_TYPES`]).
+    types: &'static [&'static str],
     state: ProxyState,
     /// type URL -> resource name -> what we hold of it.
     held: HashMap<&'static str, HashMap<String, Held>>,
 }
 
+impl Default for Resources {
+    fn default() -> Self {
+        Self::new(&TYPES)
+    }
+}
+
+/// One decoded resource.
+enum Decoded {
+    Istio(Converted),
+    WaypointPolicy(WaypointPolicy),
+}
+
 impl Resources {
+    pub fn new(types: &'static [&'static str]) -> Self {
+        Resources {
+            types,
+            state: ProxyState::default(),
+            held: HashMap::new(),
+        }
+    }
+
+    /// The types subscribed to, in the order they are asked for.
+    pub fn types(&self) -> &'static [&'static str] {
+        self.types
+    }
+
     pub fn state(&self) -> &ProxyState {
         &self.state
     }
@@ -72,7 +107,7 @@ impl Resources {
     /// Applies one response: every valid resource is added or replaced, every removed
     /// name dropped. Invalid resources keep their previous version and are returned.
     pub fn apply(&mut self, response: DeltaDiscoveryResponse) -> Vec<ResourceError> {
-        let Some(type_url) = TYPES.into_iter().find(|t| *t == response.type_url) else {
+        let Some(type_url) = self.types.iter().copied().find(|t| *t == response.type_url) else {
             return vec![ResourceError {
                 name: String::new(),
                 reason: format!("type {:?} was not subscribed to", response.type_url),
@@ -93,7 +128,20 @@ impl Resources {
         errors
     }
 
-    fn insert(&mut self, type_url: &'static str, name: String, version: String, value: Converted) {
+    fn insert(&mut self, type_url: &'static str, name: String, version: String, value: Decoded) {
+        let value = match value {
+            Decoded::Istio(value) => value,
+            Decoded::WaypointPolicy(p) => {
+                let key = Key::WaypointPolicy(format!("{}/{}", p.namespace, p.name));
+                self.replace(type_url, &name, &key);
+                self.state.insert_waypoint_policy(p);
+                self.held
+                    .entry(type_url)
+                    .or_default()
+                    .insert(name, Held { version, key });
+                return;
+            }
+        };
         let key = match value {
             Converted::Workload(w) => {
                 let key = Key::Workload(w.uid.clone());
@@ -146,11 +194,14 @@ impl Resources {
             Key::Policy(key) => {
                 self.state.remove_policy(key);
             }
+            Key::WaypointPolicy(key) => {
+                self.state.remove_waypoint_policy(key);
+            }
         }
     }
 }
 
-fn decode(type_url: &str, resource: Resource) -> Result<Converted, String> {
+fn decode(type_url: &str, resource: Resource) -> Result<Decoded, String> {
     if resource.name.is_empty() {
         return Err("the resource has no name".into());
     }
@@ -165,12 +216,23 @@ fn decode(type_url: &str, resource: Resource) -> Result<Converted, String> {
     match type_url {
         ADDRESS_TYPE_URL => {
             let address = workload::Address::decode(body.value.as_slice()).map_err(bad)?;
-            convert::address(address).map_err(|e| e.to_string())
+            convert::address(address)
+                .map(Decoded::Istio)
+                .map_err(|e| e.to_string())
+        }
+        WAYPOINT_POLICY_TYPE_URL => {
+            let policy = WaypointPolicy::decode(body.value.as_slice()).map_err(bad)?;
+            if policy.name.is_empty() || policy.namespace.is_empty() {
+                return Err("the policy has no name or namespace".into());
+            }
+            serde_json::from_str::<serde_json::Value>(&policy.spec_json)
+                .map_err(|e| format!("the policy's spec is not JSON: {e}"))?;
+            Ok(Decoded::WaypointPolicy(policy))
         }
         _ => {
             let policy = security::Authorization::decode(body.value.as_slice()).map_err(bad)?;
             convert::authorization(policy)
-                .map(|p| Converted::Policy(Box::new(p)))
+                .map(|p| Decoded::Istio(Converted::Policy(Box::new(p))))
                 .map_err(|e| e.to_string())
         }
     }

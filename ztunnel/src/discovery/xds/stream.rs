@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::demand::Pending;
 use super::metrics::{TerminationLabels, XdsMetrics};
-use super::resources::{Resources, TYPES};
+use super::resources::Resources;
 use super::SOURCE;
 use crate::control_plane::ControlPlane;
 use crate::state::demand::Lookups;
@@ -39,6 +39,8 @@ pub struct Client {
     pub metrics: Arc<XdsMetrics>,
     /// On-demand Address lookups (`XDS_ON_DEMAND`); None: a wildcard subscription.
     pub lookups: Option<Lookups>,
+    /// The types subscribed to, in order.
+    pub types: &'static [&'static str],
 }
 
 /// What the session loop waits for.
@@ -63,7 +65,7 @@ pub async fn run(
     synced: watch::Sender<bool>,
     cancel: CancellationToken,
 ) {
-    let mut resources = Resources::default();
+    let mut resources = Resources::new(client.types);
     let mut pending = Pending::default();
     let mut ready = ready;
     let mut backoff = BACKOFF_MIN;
@@ -111,10 +113,10 @@ impl Client {
         ready: &mut Option<BlockReady>,
         synced: &watch::Sender<bool>,
     ) -> Ended {
-        // Both subscriptions are queued before the call, so they are the stream's first
+        // The subscriptions are queued before the call, so they are the stream's first
         // messages; after them come ACKs and lookups, each sent as the loop gets to it.
         let (requests, rx) = mpsc::channel(REQUEST_QUEUE);
-        for type_url in TYPES {
+        for &type_url in resources.types() {
             let initial_resource_versions = resources.versions(type_url);
             let mut subscribe = DeltaDiscoveryRequest {
                 node: Some(self.node.clone()),
@@ -244,7 +246,7 @@ impl Client {
                 };
             }
             acked.insert(type_url);
-            if !*synced.borrow() && TYPES.iter().all(|t| acked.contains(*t)) {
+            if !*synced.borrow() && resources.types().iter().all(|t| acked.contains(*t)) {
                 let (workloads, services, policies) = resources.state().counts();
                 info!(
                     workloads,
