@@ -118,6 +118,11 @@ fn http_requests_are_authorized_one_by_one_at_the_waypoint() -> Result<()> {
         ) >= 1.0,
         "{b}"
     );
+    // Every tunnel to the waypoint ended cleanly: when its HTTP server closes a
+    // connection first, the stream stays open until A's side ends it too (as TCP's
+    // half-close), so A's ztunnel logs no failed connection.
+    let log = wp.mesh.ztunnel_a.log();
+    assert!(!log.contains("\terror\taccess"), "{log}");
     Ok(())
 }
 
@@ -344,5 +349,104 @@ fn bad_hbone_and_http_at_the_waypoint_are_refused_and_counted() -> Result<()> {
     );
     // Still serving the mesh's own traffic.
     assert_eq!(wp.request("GET", "/after", &[])?.0, 200);
+    Ok(())
+}
+
+/// A gRPC port (HTTP/2 without TLS): requests multiplexed on one client connection
+/// are authorized one by one, the server's `grpc-status` is counted as Istio's label.
+#[test]
+fn grpc_requests_share_a_connection_and_are_authorized_one_by_one() -> Result<()> {
+    if !test_support::can_run_root_tests() {
+        return Ok(());
+    }
+    // Only the DENY: without an ALLOW, what it does not match is allowed.
+    let deny_only = POLICIES.split("---").next().unwrap_or_default();
+    let wp = WaypointMesh::new("wpg", deny_only)?;
+    // The server in B: h2 with prior knowledge, answering each request's path, with a
+    // gRPC status in the headers (a trailers-only answer).
+    let listener = wp
+        .mesh
+        .b
+        .run_inside(move || std::net::TcpListener::bind(format!("0.0.0.0:{GRPC_TARGET_PORT}")))??;
+    listener.set_nonblocking(true)?;
+    let server = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let Ok(mut connection) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((request, mut respond))) = connection.accept().await {
+                        let response = http::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .header("grpc-status", "0")
+                            .body(())
+                            .unwrap();
+                        if let Ok(mut send) = respond.send_response(response, false) {
+                            let path = request.uri().path().to_owned();
+                            let _ = send.send_data(bytes::Bytes::from(path), true);
+                        }
+                    }
+                });
+            }
+        })
+    });
+    let vip: std::net::SocketAddr = format!("{SERVICE_VIP}:{GRPC_PORT}").parse()?;
+    let statuses = wp.mesh.a.run_inside(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let tcp = tokio::net::TcpStream::connect(vip).await?;
+            let (client, connection) = h2::client::handshake(tcp).await?;
+            tokio::spawn(connection);
+            let ask = |path: &'static str| {
+                let mut client = client.clone();
+                async move {
+                    let request = http::Request::builder()
+                        .method("POST")
+                        .uri(format!("http://{vip}{path}"))
+                        .header("content-type", "application/grpc")
+                        .body(())?;
+                    let mut ready = client.ready().await?;
+                    let (response, _) = ready.send_request(request, true)?;
+                    let response = response.await?;
+                    anyhow::Ok(response.status().as_u16())
+                }
+            };
+            // At once, on the one connection.
+            let (ok, denied) = tokio::join!(ask("/echo.Echo/Say"), ask("/admin.Admin/Drop"));
+            anyhow::Ok((ok?, denied?))
+        })
+    })??;
+    assert_eq!(statuses, (200, 403));
+    let w = ztunnel_metrics(&wp.w)?;
+    let requests = |code: &str, grpc: &str| {
+        metric_sum(
+            &w,
+            "istio_requests_total",
+            &[
+                ("reporter", "waypoint"),
+                ("request_protocol", "grpc"),
+                ("response_code", code),
+                ("grpc_response_status", grpc),
+            ],
+        )
+    };
+    assert_eq!(
+        (requests("200", "0"), requests("403", "-")),
+        (1.0, 1.0),
+        "{w}"
+    );
+    drop(server);
     Ok(())
 }

@@ -23,6 +23,9 @@ pub const WAYPOINT_PRINCIPAL: &str = "spiffe://cluster.local/ns/vms/sa/waypoint"
 /// The echo Service's HTTP/1.1 port, and B's HTTP server behind it.
 pub const HTTP_PORT: u16 = 8080;
 pub const HTTP_TARGET_PORT: u16 = 9002;
+/// The echo Service's gRPC port (HTTP/2 without TLS), for a server a test runs in B.
+pub const GRPC_PORT: u16 = 8081;
+pub const GRPC_TARGET_PORT: u16 = 9003;
 
 /// The standalone local config with the waypoint: its workload and Service, the echo
 /// Service bound to it (`bind_service`) and/or the server workload (`bind_workload`).
@@ -31,12 +34,14 @@ pub fn waypoint_config(bind_service: bool, bind_workload: bool) -> String {
     let mut config = local_config("")
         .replace(
             "      80: 9000\n",
-            &format!("      80: 9000\n      {HTTP_PORT}: {HTTP_TARGET_PORT}\n"),
+            &format!(
+                "      80: 9000\n      {HTTP_PORT}: {HTTP_TARGET_PORT}\n      {GRPC_PORT}: {GRPC_TARGET_PORT}\n"
+            ),
         )
         .replace(
             "  ports:\n    80: 9000\n",
             &format!(
-                "  ports:\n    80: 9000\n    {HTTP_PORT}: {HTTP_TARGET_PORT}\n  appProtocols:\n    {HTTP_PORT}: HTTP11\n"
+                "  ports:\n    80: 9000\n    {HTTP_PORT}: {HTTP_TARGET_PORT}\n    {GRPC_PORT}: {GRPC_TARGET_PORT}\n  appProtocols:\n    {HTTP_PORT}: HTTP11\n    {GRPC_PORT}: GRPC\n"
             ),
         );
     if bind_service {

@@ -1,7 +1,9 @@
-//! HTTP/1.1 through the waypoint: hyper serves the client's tunnel, each request is
-//! authorized on its own (403 `RBAC: access denied` when denied, as Istio), then
-//! forwarded over one upstream connection per client connection, opened with the
-//! first allowed request. Every request is counted and logged.
+//! HTTP through the waypoint: hyper serves the client's tunnel in the port's protocol
+//! (HTTP/1.1, or HTTP/2 for `http2`, `h2c` and gRPC ports), each request is authorized
+//! on its own (403 `RBAC: access denied` when denied, as Istio), then forwarded over
+//! one upstream connection per client connection in the same protocol, opened with
+//! the first allowed request (HTTP/2 requests share it, multiplexed). Every request is
+//! counted and logged.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,8 +14,8 @@ use http_body::Body as _;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::Mutex;
 use tracing::{debug, info};
 
@@ -22,11 +24,28 @@ use crate::policy::{Decision, HttpAttributes};
 use crate::proxy::{Destination, Peer, Waypoint};
 use ztunnel::hbone::io::H2Io;
 use ztunnel::metrics::ResponseFlags;
+use ztunnel::state::service::AppProtocol;
 
 /// Istio's body for a request its RBAC filter denied.
 pub const DENIED_BODY: &str = "RBAC: access denied";
-/// Largest request head accepted; a larger one gets 431.
+/// Largest request head accepted; a larger one gets 431 (HTTP/1.1) or a reset
+/// (HTTP/2).
 const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The upstream connection's sender, in the protocol of the port.
+enum Upstream {
+    Http1(http1::SendRequest<Incoming>),
+    Http2(http2::SendRequest<Incoming>),
+}
+
+impl Upstream {
+    fn is_closed(&self) -> bool {
+        match self {
+            Upstream::Http1(s) => s.is_closed(),
+            Upstream::Http2(s) => s.is_closed(),
+        }
+    }
+}
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -36,15 +55,18 @@ pub struct HttpProxy {
     waypoint: Waypoint,
     peer: Peer,
     dst: Destination,
-    upstream: Arc<Mutex<Option<SendRequest<Incoming>>>>,
+    http2: bool,
+    upstream: Arc<Mutex<Option<Upstream>>>,
 }
 
 impl HttpProxy {
-    pub(crate) fn new(waypoint: Waypoint, peer: Peer, dst: Destination) -> Self {
+    /// For a client connection speaking HTTP/2 (`http2`) or HTTP/1.1.
+    pub(crate) fn new(waypoint: Waypoint, peer: Peer, dst: Destination, http2: bool) -> Self {
         HttpProxy {
             waypoint,
             peer,
             dst,
+            http2,
             upstream: Arc::default(),
         }
     }
@@ -55,12 +77,21 @@ impl HttpProxy {
             let this = this.clone();
             async move { Ok::<_, std::convert::Infallible>(this.request(request).await) }
         });
-        let served = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.waypoint.header_read_timeout)
-            .max_buf_size(MAX_HEADER_BYTES)
-            .serve_connection(TokioIo::new(downstream), service)
-            .await;
+        let io = TokioIo::new(downstream);
+        let served = if self.http2 {
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_header_list_size(MAX_HEADER_BYTES as u32)
+                .serve_connection(io, service)
+                .await
+        } else {
+            hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(self.waypoint.header_read_timeout)
+                .max_buf_size(MAX_HEADER_BYTES)
+                .serve_connection(io, service)
+                .await
+        };
         if let Err(e) = served {
             // Malformed requests, oversized heads and slow clients end here; hyper
             // has already answered what could be answered (400, 431, 408).
@@ -112,14 +143,22 @@ impl HttpProxy {
         let took = started.elapsed();
         let status = response.status();
         let response_bytes = head_size(&response) + response.body().size_hint().lower();
+        // gRPC's status: a trailers-only answer (errors) carries it in its headers;
+        // one in the trailers is not read here.
+        let grpc_response_status = response
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned();
         let labels = RequestLabels {
             traffic: self
                 .waypoint
                 .labels(&self.peer, &self.dst)
                 .with_flags(flags)
-                .http(),
+                .with_request_protocol(self.request_protocol()),
             response_code: status.as_u16(),
-            grpc_response_status: "-".into(),
+            grpc_response_status,
         };
         self.waypoint
             .requests
@@ -140,27 +179,58 @@ impl HttpProxy {
         response
     }
 
+    /// Istio's `request_protocol` for this port.
+    fn request_protocol(&self) -> &'static str {
+        match self.dst.protocol {
+            Some(AppProtocol::Grpc) => "grpc",
+            _ => "http",
+        }
+    }
+
     /// Sends an allowed request upstream, opening the connection on first use.
     async fn forward(&self, request: Request<Incoming>) -> Result<Response<Incoming>, String> {
         let mut upstream = self.upstream.lock().await;
-        if upstream.as_ref().is_none_or(|s| s.is_closed()) {
-            let io = self.waypoint.connect(&self.peer, &self.dst).await?;
-            let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        if upstream.as_ref().is_none_or(Upstream::is_closed) {
+            *upstream = Some(self.open().await?);
+        }
+        match upstream.as_mut().expect("set above") {
+            Upstream::Http1(sender) => {
+                // One request at a time, as the client's own connection sends them.
+                sender.ready().await.map_err(|e| e.to_string())?;
+                sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Upstream::Http2(sender) => {
+                // Multiplexed: the lock is not held while the request is in flight.
+                let mut sender = sender.clone();
+                drop(upstream);
+                sender.ready().await.map_err(|e| e.to_string())?;
+                sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The upstream connection: HBONE (or TCP) to the endpoint, then the HTTP
+    /// handshake in the port's protocol.
+    async fn open(&self) -> Result<Upstream, String> {
+        let io = TokioIo::new(self.waypoint.connect(&self.peer, &self.dst).await?);
+        let ended = |e: hyper::Error| debug!(error = %e, "upstream HTTP connection ended");
+        if self.http2 {
+            let (sender, connection) = http2::handshake(TokioExecutor::new(), io)
                 .await
                 .map_err(|e| e.to_string())?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    debug!(error = %e, "upstream HTTP connection ended");
-                }
-            });
-            *upstream = Some(sender);
+            tokio::spawn(async move { connection.await.map_err(ended) });
+            Ok(Upstream::Http2(sender))
+        } else {
+            let (sender, connection) = http1::handshake(io).await.map_err(|e| e.to_string())?;
+            tokio::spawn(async move { connection.await.map_err(ended) });
+            Ok(Upstream::Http1(sender))
         }
-        let sender = upstream.as_mut().expect("set above");
-        sender.ready().await.map_err(|e| e.to_string())?;
-        sender
-            .send_request(request)
-            .await
-            .map_err(|e| e.to_string())
     }
 }
 

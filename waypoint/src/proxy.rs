@@ -207,14 +207,14 @@ impl Waypoint {
             }
         };
         let downstream = H2Io::new(H2Stream::new(response, request.into_body()));
-        match dst.protocol {
-            Some(AppProtocol::Http11) => {
-                HttpProxy::new(self.clone(), peer, dst)
-                    .serve(downstream)
-                    .await
-            }
-            _ => self.tcp(peer, dst, downstream).await,
-        }
+        let http2 = match dst.protocol {
+            Some(AppProtocol::Http11) => false,
+            Some(AppProtocol::Http2 | AppProtocol::Grpc) => true,
+            None => return self.tcp(peer, dst, downstream).await,
+        };
+        HttpProxy::new(self.clone(), peer, dst, http2)
+            .serve(downstream)
+            .await
     }
 
     /// The destination of a CONNECT for `authority`, or why it is refused.

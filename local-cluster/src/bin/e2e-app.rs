@@ -76,9 +76,13 @@ enum Cmd {
     },
     /// An HTTP/1.1 server: every request is answered 200 with one JSON object
     /// describing what arrived: {"method", "path", "peer", "host", "headers": {..}}.
+    /// With `--body-bytes N`, every request is read whole and answered 200 with N
+    /// bytes instead (a fixed-size response for load tests).
     Http {
         #[arg(long)]
         listen: SocketAddr,
+        #[arg(long)]
+        body_bytes: Option<usize>,
     },
     /// HTTP GET (for metrics and admin endpoints inside a namespace); prints the body.
     Get { url: String },
@@ -165,7 +169,7 @@ fn main() -> Result<()> {
             hold_secs,
         } => hold(connect, count, hold_secs),
         Cmd::Get { url } => get(&url),
-        Cmd::Http { listen } => http_server(listen),
+        Cmd::Http { listen, body_bytes } => http_server(listen, body_bytes),
         Cmd::Dns {
             listen,
             log_queries,
@@ -481,10 +485,14 @@ fn get(url: &str) -> Result<()> {
     Ok(())
 }
 
-fn http_server(listen: SocketAddr) -> Result<()> {
+fn http_server(listen: SocketAddr, body_bytes: Option<usize>) -> Result<()> {
     use http_body_util::Full;
     use hyper::body::Incoming;
     use hyper_util::rt::TokioIo;
+
+    if let Some(n) = body_bytes {
+        return fixed_http_server(listen, bytes::Bytes::from(vec![b'x'; n]));
+    }
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -507,6 +515,37 @@ fn http_server(listen: SocketAddr) -> Result<()> {
                 });
                 let body = Full::new(bytes::Bytes::from(answer.to_string()));
                 async move { Ok::<_, std::convert::Infallible>(hyper::Response::new(body)) }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
+}
+
+/// `e2e-app http --body-bytes`: each request is read to its end, then answered 200
+/// with `body`.
+fn fixed_http_server(listen: SocketAddr, body: bytes::Bytes) -> Result<()> {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        loop {
+            let (stream, _) = listener.accept().await?;
+            let body = body.clone();
+            let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let body = body.clone();
+                async move {
+                    request.into_body().collect().await?;
+                    Ok::<_, hyper::Error>(hyper::Response::new(Full::new(body)))
+                }
             });
             tokio::spawn(async move {
                 let _ = hyper::server::conn::http1::Builder::new()

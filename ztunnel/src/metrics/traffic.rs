@@ -266,9 +266,10 @@ impl TrafficLabels {
         self
     }
 
-    /// For an HTTP request rather than a connection (a waypoint's request metrics).
-    pub fn http(mut self) -> Self {
-        self.request_protocol = "http";
+    /// For a request rather than a connection (a waypoint's request metrics):
+    /// Istio's `http` or `grpc`.
+    pub fn with_request_protocol(mut self, protocol: &'static str) -> Self {
+        self.request_protocol = protocol;
         self
     }
 
