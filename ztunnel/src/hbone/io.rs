@@ -55,7 +55,7 @@ impl Drop for H2Io {
         // close) but the peer has not: dropping the stream now would reset it with
         // CANCEL, which the peer's proxy reports as a failed connection. Like TCP's
         // half-close, the stream stays open until the peer ends it (or a while).
-        if !(self.write_closed && !self.read_closed) {
+        if !self.write_closed || self.read_closed {
             return;
         }
         let (Some(mut recv), Ok(runtime)) =
