@@ -410,7 +410,7 @@ fn grpc_requests_share_a_connection_and_are_authorized_one_by_one() -> Result<()
             let (client, connection) = h2::client::handshake(tcp).await?;
             tokio::spawn(connection);
             let ask = |path: &'static str| {
-                let mut client = client.clone();
+                let client = client.clone();
                 async move {
                     let request = http::Request::builder()
                         .method("POST")
