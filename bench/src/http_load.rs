@@ -241,7 +241,13 @@ async fn exchange(
                 .headers
                 .iter()
                 .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok())
+                .and_then(|h| {
+                    std::str::from_utf8(h.value)
+                        .ok()?
+                        .trim()
+                        .parse::<usize>()
+                        .ok()
+                })
                 .context("an answer without content-length")?;
             break (n, response.code.unwrap_or(0), length);
         }

@@ -7,11 +7,13 @@ mod callgrind;
 mod cni;
 mod dns;
 mod enrollment;
+mod http_load;
 mod inpod;
 
 mod report;
 mod soak;
 mod standalone;
+mod waypoint;
 mod xds;
 mod xds_failover;
 
@@ -43,6 +45,9 @@ struct Args {
 enum Section {
     /// Two dedicated-mode ztunnels, one HBONE hop: throughput, latency, churn, pooling.
     Standalone,
+    /// The L7 waypoint: HTTP/1.1 latency and saturation direct, L4 and through the
+    /// waypoint; its CPU per 1000 req/s and memory.
+    Waypoint,
     /// The CNI plugin's ADD against `loopback`.
     Cni,
     /// ZDS add-to-ack and ztunnel memory per pod.
@@ -75,6 +80,7 @@ impl Section {
     fn run(self, plan: &Plan) -> Result<Vec<Figure>> {
         match self {
             Section::Standalone => standalone::run(plan),
+            Section::Waypoint => waypoint::run(plan),
             Section::Cni => cni::run(plan),
             Section::Inpod => inpod::run(plan),
             Section::Dns => dns::run(plan),
@@ -113,6 +119,11 @@ pub struct Plan {
     /// ztunnel clients of the two replicas in the failover figure.
     xds_failover_clients: usize,
     callgrind_mib: u64,
+    /// The waypoint section: rounds over the three paths, and each path's paced and
+    /// closed-loop windows per round.
+    waypoint_rounds: usize,
+    waypoint_paced_secs: u64,
+    waypoint_saturation_secs: u64,
 }
 
 fn main() -> Result<()> {
@@ -154,6 +165,9 @@ fn main() -> Result<()> {
             xds_changes: 3,
             xds_failover_clients: 20,
             callgrind_mib: 8,
+            waypoint_rounds: 1,
+            waypoint_paced_secs: 3,
+            waypoint_saturation_secs: 2,
         }
     } else {
         Plan {
@@ -178,6 +192,9 @@ fn main() -> Result<()> {
             xds_changes: 20,
             xds_failover_clients: 50,
             callgrind_mib: 64,
+            waypoint_rounds: 3,
+            waypoint_paced_secs: 10,
+            waypoint_saturation_secs: 5,
         }
     };
     // Both nodes' ztunnels share this machine's two cores; in a cluster each would

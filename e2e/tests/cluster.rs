@@ -1524,6 +1524,24 @@ fn a_namespace_bound_to_a_waypoint_gets_its_l7_policy_and_request_metrics() {
         ])
         .unwrap_or_else(|e| panic!("{e}\n{}", waypoint_diagnostics(&c)));
     assert!(applied.contains("waypoint m/waypoint applied"), "{applied}");
+    // proxy-status lists it beside the ztunnels, its policies in sync.
+    let mut status_args = c.proxy_status_args();
+    status_args.extend(["-o".into(), "json".into()]);
+    let status_args: Vec<&str> = status_args.iter().map(String::as_str).collect();
+    wait_for("the waypoint SYNCED in proxy-status", T, || {
+        let proxies: Vec<serde_json::Value> =
+            serde_json::from_str(&c.istioctl(&status_args).ok()?).ok()?;
+        proxies
+            .into_iter()
+            .find(|p| {
+                p["proxy_type"] == "waypoint"
+                    && p["identity"] == principal("m", "waypoint")
+                    && p["waypoint_policy"]["state"] == "SYNCED"
+                    && p["address"]["state"] == "SYNCED"
+            })
+            .map(drop)
+    })
+    .unwrap();
     c.kubectl_apply(
         "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: no-admin, namespace: m}\n\
          spec:\n  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]\n  action: DENY\n  \

@@ -1,14 +1,15 @@
-//! `proxy-status`: every ztunnel connected to istiod-lite and how far each xDS type is
-//! in sync, from istiod's `istio.io/debug/syncz` (envoy `ClientConfig`s), as
-//! `istioctl proxy-status` shows it.
+//! `proxy-status`: every ztunnel and waypoint connected to istiod-lite and how far each
+//! xDS type is in sync, from istiod's `istio.io/debug/syncz` (envoy `ClientConfig`s),
+//! as `istioctl proxy-status` shows it.
 
 use anyhow::{Context, Result};
 use prost::Message;
 use serde::Serialize;
 use shared_types::istio::xds::{
     string_field, ClientConfig, ConfigStatus, Struct, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
-    SYNCZ_TYPE_URL,
+    ROUTER_NODE, SYNCZ_TYPE_URL,
 };
+use shared_types::waypoint::WAYPOINT_POLICY_TYPE_URL;
 
 use crate::cli::{Global, Output, ProxyStatusArgs};
 use crate::output::{print_structured, Table};
@@ -28,9 +29,14 @@ pub struct TypeSync {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ProxySync {
     pub name: String,
+    /// `ztunnel`, or `waypoint` for a node id of type `router`.
+    pub proxy_type: &'static str,
     pub identity: String,
     pub address: TypeSync,
     pub authorization: TypeSync,
+    /// Only waypoints subscribe to their policies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waypoint_policy: Option<TypeSync>,
 }
 
 pub async fn run(global: &Global, args: &ProxyStatusArgs) -> Result<()> {
@@ -100,11 +106,14 @@ fn proxy_sync(config: &ClientConfig) -> ProxySync {
             nack: field("nack"),
         }
     };
+    let waypoint = node.id.split('~').next() == Some(ROUTER_NODE);
     ProxySync {
-        name: node.id,
+        proxy_type: if waypoint { "waypoint" } else { "ztunnel" },
         identity,
         address: of(ADDRESS_TYPE_URL),
         authorization: of(AUTHORIZATION_TYPE_URL),
+        waypoint_policy: waypoint.then(|| of(WAYPOINT_POLICY_TYPE_URL)),
+        name: node.id,
     }
 }
 
@@ -113,9 +122,11 @@ fn table(proxies: &[ProxySync]) -> String {
         3,
         &[
             "NAME",
+            "TYPE",
             "IDENTITY",
             "ADDRESS",
             "AUTHORIZATION",
+            "WAYPOINT POLICY",
             "VERSION",
             "NONCE (SENT/ACKED)",
         ],
@@ -124,9 +135,14 @@ fn table(proxies: &[ProxySync]) -> String {
         let nonces = |s: &TypeSync| format!("{}/{}", s.nonce_sent, s.nonce_acked);
         t.row(vec![
             p.name.clone(),
+            p.proxy_type.to_owned(),
             p.identity.clone(),
             p.address.state.to_owned(),
             p.authorization.state.to_owned(),
+            p.waypoint_policy
+                .as_ref()
+                .map_or("-", |s| s.state)
+                .to_owned(),
             p.address.version.clone(),
             format!("{} {}", nonces(&p.address), nonces(&p.authorization)),
         ]);

@@ -14,7 +14,10 @@ use kube::core::GroupVersionKind;
 use kube::discovery::ApiResource;
 use kube::Client;
 use serde::{Deserialize, Serialize};
-use shared_types::constants::{DATAPLANE_MODE_AMBIENT, DATAPLANE_MODE_LABEL, HBONE_PORT};
+use shared_types::constants::{
+    DATAPLANE_MODE_AMBIENT, DATAPLANE_MODE_LABEL, HBONE_PORT, USE_WAYPOINT_LABEL, WAYPOINT_CLASS,
+    WAYPOINT_FOR_LABEL,
+};
 
 use crate::apply::FIELD_MANAGER;
 use crate::cli::{
@@ -24,18 +27,10 @@ use crate::cli::{
 use crate::kubeclient;
 use crate::output::{print_structured, Table};
 
-/// Istio's GatewayClass of waypoints: the control plane deploys a waypoint proxy for
-/// every Gateway of this class.
-pub const WAYPOINT_CLASS: &str = "istio-waypoint";
 /// Istio's name for a namespace's waypoint when none is given.
 pub const DEFAULT_WAYPOINT_NAME: &str = "waypoint";
 /// A waypoint name Istio reserves (`istio.io/use-waypoint: none` opts out of one).
 const RESERVED_NAME: &str = "none";
-/// Label on the Gateway: which traffic the waypoint takes (service, workload, all, none).
-pub const WAYPOINT_FOR_LABEL: &str = "istio.io/waypoint-for";
-/// Label binding a namespace (or a Service, a Pod) to a waypoint by its name; the same
-/// label istiod-lite resolves (istiod-lite/src/model/convert.rs).
-pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
 /// Istio's revision label; a waypoint without it belongs to the `default` revision.
 pub const REVISION_LABEL: &str = "istio.io/rev";
 /// The Gateway status condition a waypoint reports once its proxy is deployed.

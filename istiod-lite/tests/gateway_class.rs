@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
-use istiod_lite::kube::gateway_class::{self, accepted, MESH_CONTROLLER, WAYPOINT_CLASS};
+use istiod_lite::kube::gateway_class::{self, accepted, MESH_CONTROLLER};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::Client;
 use kube_apiserver_lite::{ApiServer, Options};
 use serde_json::json;
+use shared_types::constants::WAYPOINT_CLASS;
 use test_support::poll::eventually;
 use tokio_util::sync::CancellationToken;
 

@@ -26,6 +26,22 @@ pub const DNS_CAPTURE_ANNOTATION: &str = "ambient.istio.io/dns-capture";
 /// Present on sidecar-injected pods, which ambient never captures.
 pub const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
 
+/// Label naming the waypoint of a pod, a Service or (for all of its pods and Services)
+/// a namespace. `none` opts a pod or Service out of its namespace's.
+pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
+/// The waypoint's namespace, when not the labelled object's own.
+pub const USE_WAYPOINT_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-namespace";
+/// On a waypoint's Gateway: the traffic it takes (`service`, `workload`, `all`, `none`).
+pub const WAYPOINT_FOR_LABEL: &str = "istio.io/waypoint-for";
+/// The GatewayClass of waypoints.
+pub const WAYPOINT_CLASS: &str = "istio-waypoint";
+/// On every object of a waypoint istiod deploys, with value [`WAYPOINT_CONTROLLER`].
+pub const GATEWAY_MANAGED_LABEL: &str = "gateway.istio.io/managed";
+/// [`GATEWAY_MANAGED_LABEL`]'s value: istiod's gateway deployment controller.
+pub const WAYPOINT_CONTROLLER: &str = "istio.io-mesh-controller";
+/// The Gateway API's label on a Gateway's objects, naming the Gateway.
+pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+
 /// Namespace of the control plane and of the mesh's node DaemonSets (ztunnel, istio-cni).
 pub const SYSTEM_NAMESPACE: &str = "istio-system";
 /// Trust domain of SPIFFE identities when none is configured.

@@ -23,12 +23,11 @@ use http::HeaderMap;
 use ipnet::IpNet;
 use mesh_model::authorization_policy::{list, Condition, From, Operation, Rule, Spec, TargetRef};
 use serde::Deserialize;
+use shared_types::constants::WAYPOINT_CLASS;
 use tracing::warn;
 
 /// The Gateway API group of a waypoint's Gateway and GatewayClass.
 const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
-/// Istio's GatewayClass for waypoints.
-pub const WAYPOINT_CLASS: &str = "istio-waypoint";
 
 /// Which waypoint this is, for `targetRefs`.
 #[derive(Clone, Debug)]

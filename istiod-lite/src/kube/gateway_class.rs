@@ -11,10 +11,9 @@ use kube::core::GroupVersionKind;
 use kube::{Api, Client, ResourceExt};
 use mesh_kube::watch::{events, updates, IfAbsent, Update};
 use serde_json::json;
+use shared_types::constants::WAYPOINT_CLASS;
 use tokio_util::sync::CancellationToken;
 
-/// The class istiod creates for waypoints.
-pub const WAYPOINT_CLASS: &str = "istio-waypoint";
 /// The controller Istio's waypoint classes name; we answer for it.
 pub const MESH_CONTROLLER: &str = "istio.io/mesh-controller";
 

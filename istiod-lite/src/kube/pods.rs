@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use mesh_kube::watch::Update;
 use tokio::sync::watch;
 
-use crate::model::convert::{GATEWAY_MANAGED_LABEL, WAYPOINT_CONTROLLER};
+use shared_types::constants::{GATEWAY_MANAGED_LABEL, WAYPOINT_CONTROLLER};
 
 /// What the CA and xDS need to know of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,18 +22,14 @@ use kube::{Api, Client, ResourceExt};
 use mesh_kube::watch::{events, updates, IfAbsent, Update};
 use serde_json::{json, Value};
 use shared_types::constants::{
-    DATAPLANE_MODE_LABEL, DATAPLANE_MODE_NONE, HBONE_PORT, ZTUNNEL_METRICS_PORT,
-    ZTUNNEL_READINESS_PORT,
+    DATAPLANE_MODE_LABEL, DATAPLANE_MODE_NONE, GATEWAY_MANAGED_LABEL, GATEWAY_NAME_LABEL,
+    HBONE_PORT, WAYPOINT_CLASS, WAYPOINT_CONTROLLER, ZTUNNEL_METRICS_PORT, ZTUNNEL_READINESS_PORT,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::gateway_class::WAYPOINT_CLASS;
-use crate::model::convert::{GATEWAY_MANAGED_LABEL, WAYPOINT_CONTROLLER};
 use crate::model::gateway_resource;
 
-/// The label Gateway API implementations put on a Gateway's objects.
-pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 const FIELD_MANAGER: &str = "istiod-lite";
 
 /// What every waypoint is configured with.

@@ -10,7 +10,10 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Pod, Service as KubeService, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use shared_types::constants::HBONE_PORT;
+use shared_types::constants::{
+    GATEWAY_MANAGED_LABEL, HBONE_PORT, USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL,
+    WAYPOINT_CONTROLLER,
+};
 use tracing::debug;
 
 use super::policy::ConvertedPolicy;
@@ -173,21 +176,8 @@ fn service_vips(svc: &KubeService) -> Vec<NetworkAddress> {
     out
 }
 
-/// Istio's label naming the waypoint of a pod, a service or (for all of its pods and
-/// services) a namespace. `none` opts a pod or service out of its namespace's.
-pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
-/// The waypoint's namespace, when not the labelled object's own.
-pub const USE_WAYPOINT_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-namespace";
-/// Istio's waypoint deployments carry this (value `istio.io-mesh-controller`); a
-/// waypoint never uses a waypoint.
-pub const GATEWAY_MANAGED_LABEL: &str = "gateway.istio.io/managed";
-pub const WAYPOINT_CONTROLLER: &str = "istio.io-mesh-controller";
-
 /// Namespace name -> its labels.
 pub type NamespaceLabels = HashMap<String, BTreeMap<String, String>>;
-
-/// `istio.io/waypoint-for` on a waypoint's Gateway: which traffic it takes.
-pub const WAYPOINT_FOR_LABEL: &str = "istio.io/waypoint-for";
 
 /// The traffic a waypoint takes, as Istio's `istio.io/waypoint-for` values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -14,17 +14,15 @@ use kube::core::DynamicObject;
 use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 use prost::Message;
+use shared_types::constants::{WAYPOINT_CLASS, WAYPOINT_FOR_LABEL};
 use shared_types::istio::xds::{Any, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use shared_types::waypoint::{WaypointPolicy, WAYPOINT_POLICY_TYPE_URL};
 use tracing::{debug, info, warn};
 
-use super::convert::{
-    self, ServiceIndex, ServiceInfo, WaypointBindings, WaypointFor, WAYPOINT_FOR_LABEL,
-};
+use super::convert::{self, ServiceIndex, ServiceInfo, WaypointBindings, WaypointFor};
 use super::peer_authn::{self, Effective, PeerAuthentications};
 use super::policy::{self, ConvertedPolicy};
 use super::Options;
-use crate::kube::gateway_class::WAYPOINT_CLASS;
 use crate::xds::store::{Published, ResourceStore};
 use mesh_model::xds::{encode_authorization, encode_service, encode_workload};
 use mesh_model::{Authorization, Service, Workload};

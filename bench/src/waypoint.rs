@@ -1,0 +1,480 @@
+//! The L7 waypoint (`local_cluster::waypoint`): HTTP/1.1 GETs answered with 1 KiB,
+//! from VM A to VM B's server over three paths side by side in one topology, round
+//! by round: (a) direct (a port A's capture skips), (b) the L4 mesh (A's ztunnel to
+//! B's ztunnel, the Service not bound to the waypoint) and (c) through the waypoint
+//! (A's ztunnel -> waypoint -> B's ztunnel). For each: latency at a paced 1000 req/s
+//! and the rate at saturation; the waypoint's CPU per 1000 req/s and its RSS idle and
+//! under load. The same namespaces switch between (b) and (c) by rewriting the local
+//! config, as a user binds a Service with `istio.io/use-waypoint`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use local_cluster::mesh::{metric_sum, ztunnel_metrics};
+use local_cluster::standalone::SERVER_IP;
+use local_cluster::waypoint::{waypoint_config, WaypointMesh, HTTP_TARGET_PORT};
+use test_support::poll::wait_for;
+use test_support::process::ChildGuard;
+use test_support::procfs::{clock_ticks, cpu_ticks, rss_kib};
+
+use crate::http_load::{self, Outcome, Pace};
+use crate::report::{median, percentile, ratio, single, Figure};
+use crate::Plan;
+
+/// Every answer's body.
+const BODY_BYTES: usize = 1024;
+/// The paced rate, across the paced connections.
+const PACED_RATE: f64 = 1000.0;
+const PACED_CONNECTIONS: usize = 10;
+const SATURATION_CONNECTIONS: usize = 16;
+/// B's second HTTP server, for the direct path: a port A's capture excludes
+/// (`Standalone` skips it for the standalone section's direct iperf3, which does not
+/// run in this topology).
+const DIRECT_HTTP_PORT: u16 = 5202;
+
+/// What the waypoint enforces: Istio's AuthorizationPolicies, so every request is
+/// authorized on its own (the GETs match the ALLOW rule and no DENY rule).
+const POLICIES: &str = r#"
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: no-admin, namespace: vms}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]
+  action: DENY
+  rules:
+  - to: [{operation: {paths: ["/admin*"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: client-reads, namespace: vms}
+spec:
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}]
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/vms/sa/client]}}]
+    to: [{operation: {methods: [GET, HEAD]}}]
+"#;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    Direct,
+    L4,
+    Waypoint,
+}
+
+/// One load window on one path, and what the proxies spent meanwhile.
+struct Window {
+    outcome: Outcome,
+    /// Requests made, the untimed first one per connection included.
+    requests: u64,
+    waypoint_ticks: u64,
+    ztunnel_ticks: u64,
+    /// The waypoint's largest RSS seen during the window, KiB.
+    waypoint_rss_peak: u64,
+}
+
+#[derive(Default)]
+struct PathRuns {
+    paced: Vec<Window>,
+    saturated: Vec<Window>,
+}
+
+pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
+    eprintln!("waypoint: VMs A and B with a waypoint W, HTTP/1.1 GETs with 1 KiB answers...");
+    let mut wp = WaypointMesh::new("bwp", POLICIES)?;
+    // Up and ready, before any request.
+    let rss_idle = rss_kib(wp.waypoint.pid());
+    fixed_size_servers(&mut wp)?;
+    route(&wp, true)?;
+    check_direct_is_not_captured(&wp)?;
+
+    let mut runs: [PathRuns; 3] = Default::default();
+    let mut through_waypoint = true;
+    for round in 0..plan.waypoint_rounds {
+        // The two mesh paths in turns, so one switch of the config per round.
+        let order = if round % 2 == 0 {
+            [Path::Direct, Path::Waypoint, Path::L4]
+        } else {
+            [Path::Direct, Path::L4, Path::Waypoint]
+        };
+        for path in order {
+            if path != Path::Direct {
+                let want = path == Path::Waypoint;
+                if want != through_waypoint {
+                    route(&wp, want)?;
+                    through_waypoint = want;
+                }
+            }
+            eprintln!(
+                "waypoint: round {}/{}, {path:?}: {} s at {PACED_RATE} req/s, {} s closed loop...",
+                round + 1,
+                plan.waypoint_rounds,
+                plan.waypoint_paced_secs,
+                plan.waypoint_saturation_secs
+            );
+            let slot = &mut runs[path as usize];
+            let paced = Pace::Paced { rate: PACED_RATE };
+            slot.paced.push(window(
+                &wp,
+                path,
+                paced,
+                PACED_CONNECTIONS,
+                plan.waypoint_paced_secs,
+            )?);
+            slot.saturated.push(window(
+                &wp,
+                path,
+                Pace::Closed,
+                SATURATION_CONNECTIONS,
+                plan.waypoint_saturation_secs,
+            )?);
+        }
+    }
+    let rss_after = rss_kib(wp.waypoint.pid());
+    warn_about_failures(&runs);
+    Ok(figures(&runs, rss_idle, rss_after))
+}
+
+/// The topology's server behind the Service answers JSON of varying size: it is
+/// replaced by one answering `BODY_BYTES` on the same port, and a twin on
+/// `DIRECT_HTTP_PORT` serves the direct path. Both are checked to answer so.
+fn fixed_size_servers(wp: &mut WaypointMesh) -> Result<()> {
+    // `WaypointMesh` starts its HTTP server last: the check below catches a change.
+    drop(
+        wp.mesh
+            .apps
+            .pop()
+            .context("no HTTP server in the topology")?,
+    );
+    let app = test_support::built_binary("e2e-app")?;
+    for port in [HTTP_TARGET_PORT, DIRECT_HTTP_PORT] {
+        let mut cmd = wp.mesh.b.command(app.to_str().context("path")?);
+        cmd.args([
+            "http",
+            "--listen",
+            &format!("0.0.0.0:{port}"),
+            "--body-bytes",
+            &BODY_BYTES.to_string(),
+        ]);
+        let server = ChildGuard::spawn(&format!("http{port}-{}", wp.mesh.b.name()), cmd)?;
+        wp.mesh.apps.push(server);
+        let addr: SocketAddr = format!("{SERVER_IP}:{port}").parse()?;
+        // From B itself: no capture there.
+        wait_for(
+            "B's HTTP server with fixed-size answers",
+            Duration::from_secs(10),
+            || {
+                let (status, body) = wp
+                    .mesh
+                    .b
+                    .run_inside(|| test_support::http::request(addr, "GET", "/", &[]))
+                    .ok()?
+                    .ok()?;
+                (status == 200 && body.len() == BODY_BYTES).then_some(())
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// A request from A to the direct port must not open a connection at A's ztunnel
+/// (where one to the Service's VIP does).
+fn check_direct_is_not_captured(wp: &WaypointMesh) -> Result<()> {
+    let opened = || -> Result<f64> {
+        Ok(metric_sum(
+            &ztunnel_metrics(&wp.mesh.a)?,
+            "istio_tcp_connections_opened_total",
+            &[("reporter", "source")],
+        ))
+    };
+    let before = opened()?;
+    let direct = direct_addr();
+    let (status, _) = wp
+        .mesh
+        .a
+        .run_inside(move || test_support::http::request(direct, "GET", "/", &[]))??;
+    let after_direct = opened()?;
+    wp.request("GET", "/", &[])?;
+    let after_vip = opened()?;
+    if status != 200 || after_direct != before || after_vip <= after_direct {
+        bail!(
+            "the direct path to {direct} is not direct (status {status}; A's ztunnel opened {} connections for it, {} for one to the VIP): is its port still excluded from A's capture?",
+            after_direct - before,
+            after_vip - after_direct
+        );
+    }
+    Ok(())
+}
+
+fn direct_addr() -> SocketAddr {
+    SocketAddr::new(SERVER_IP.parse().expect("address"), DIRECT_HTTP_PORT)
+}
+
+/// Binds the Service to the waypoint (or not) and waits until A's new connections
+/// take that path: three requests in a row answered 200, and each counted by the
+/// waypoint (or none).
+fn route(wp: &WaypointMesh, through_waypoint: bool) -> Result<()> {
+    wp.mesh
+        .set_config(&waypoint_config(through_waypoint, false))?;
+    let counted = || -> Option<f64> {
+        Some(metric_sum(
+            &ztunnel_metrics(&wp.w).ok()?,
+            "istio_requests_total",
+            &[("reporter", "waypoint")],
+        ))
+    };
+    let what = if through_waypoint {
+        "requests to take the waypoint"
+    } else {
+        "requests to bypass the waypoint (L4 only)"
+    };
+    wait_for(what, Duration::from_secs(15), || {
+        let before = counted()?;
+        for _ in 0..3 {
+            let (status, _) = wp.request("GET", "/", &[]).ok()?;
+            (status == 200).then_some(())?;
+        }
+        let seen = counted()? - before;
+        let expected = if through_waypoint { 3.0 } else { 0.0 };
+        (seen == expected).then_some(())
+    })
+}
+
+/// One load window on `path`, with the proxies' CPU and the waypoint's RSS peak.
+fn window(
+    wp: &WaypointMesh,
+    path: Path,
+    pace: Pace,
+    connections: usize,
+    secs: u64,
+) -> Result<Window> {
+    let target = match path {
+        Path::Direct => direct_addr(),
+        _ => WaypointMesh::http_vip(),
+    };
+    let waypoint = wp.waypoint.pid();
+    let ztunnels = [wp.mesh.ztunnel_a.pid(), wp.mesh.ztunnel_b.pid()];
+    let ztunnel_ticks = || ztunnels.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
+    let (w0, z0) = (cpu_ticks(waypoint), ztunnel_ticks());
+    let stop = AtomicBool::new(false);
+    let (outcome, waypoint_rss_peak) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut peak = rss_kib(waypoint);
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                peak = peak.max(rss_kib(waypoint));
+            }
+            peak
+        });
+        let outcome = http_load::run(
+            &wp.mesh.a,
+            target,
+            connections,
+            pace,
+            Duration::from_secs(secs),
+            BODY_BYTES,
+        );
+        stop.store(true, Ordering::Relaxed);
+        (outcome, sampler.join().unwrap_or(0))
+    });
+    let outcome = outcome.with_context(|| format!("HTTP load on the {path:?} path"))?;
+    Ok(Window {
+        requests: outcome.ok + outcome.failed + connections as u64,
+        waypoint_ticks: cpu_ticks(waypoint) - w0,
+        ztunnel_ticks: ztunnel_ticks() - z0,
+        waypoint_rss_peak,
+        outcome,
+    })
+}
+
+fn warn_about_failures(runs: &[PathRuns; 3]) {
+    for (path, run) in [Path::Direct, Path::L4, Path::Waypoint].iter().zip(runs) {
+        for (kind, windows) in [("paced", &run.paced), ("closed-loop", &run.saturated)] {
+            let failed: u64 = windows.iter().map(|w| w.outcome.failed).sum();
+            let queued: u64 = windows.iter().map(|w| w.outcome.queued).sum();
+            if failed > 0 {
+                let first = windows
+                    .iter()
+                    .find_map(|w| w.outcome.first_error.clone())
+                    .unwrap_or_default();
+                eprintln!("waypoint: {path:?}, {kind}: {failed} requests failed (first: {first})");
+            }
+            let requests: u64 = windows.iter().map(|w| w.requests).sum();
+            // A few stragglers are the scheduler's; more is the path falling behind.
+            if queued * 100 > requests {
+                eprintln!(
+                    "waypoint: {path:?}, {kind}: {queued} of {requests} requests were due before the previous answer on their connection (the path fell behind the pace)"
+                );
+            }
+        }
+    }
+}
+
+fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
+    let [direct, l4, waypoint] = runs;
+    // Percentiles over every paced request of a path; the JSON keeps each round's.
+    let pooled = |run: &PathRuns, p: f64| {
+        let all: Vec<f64> = run
+            .paced
+            .iter()
+            .flat_map(|w| w.outcome.latencies_us.iter().copied())
+            .collect();
+        percentile(&all, p)
+    };
+    let per_round = |run: &PathRuns, p: f64| -> Vec<f64> {
+        run.paced
+            .iter()
+            .map(|w| percentile(&w.outcome.latencies_us, p))
+            .collect()
+    };
+    let added = |name: &str, base: &PathRuns, over: &PathRuns, p: f64, goal: &'static str| {
+        let (b, o) = (pooled(base, p), pooled(over, p));
+        Figure {
+            name: name.to_owned(),
+            unit: "µs",
+            direct: Some(b),
+            mesh: o,
+            ratio: Some(o - b),
+            ratio_kind: "mesh-direct",
+            goal,
+            samples_direct: per_round(base, p),
+            samples_mesh: per_round(over, p),
+        }
+    };
+    let rates =
+        |run: &PathRuns| -> Vec<f64> { run.saturated.iter().map(|w| w.outcome.rate()).collect() };
+    // CPU-seconds per request x 1000 = vCPU kept busy by 1000 req/s.
+    let per_1000 = |windows: &[Window], ticks: &dyn Fn(&Window) -> u64| -> Vec<f64> {
+        windows
+            .iter()
+            .map(|w| ticks(w) as f64 / clock_ticks() * 1000.0 / w.requests.max(1) as f64)
+            .collect()
+    };
+    let waypoint_ticks = |w: &Window| w.waypoint_ticks;
+    let proxies_ticks = |w: &Window| w.ztunnel_ticks;
+    let all_ticks = |w: &Window| w.ztunnel_ticks + w.waypoint_ticks;
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let peak = |windows: &[Window]| {
+        windows
+            .iter()
+            .map(|w| w.waypoint_rss_peak)
+            .max()
+            .unwrap_or(0)
+    };
+    let paced_rate: Vec<f64> = waypoint.paced.iter().map(|w| w.outcome.rate()).collect();
+    // Totals over the paced and closed-loop windows; the JSON keeps each window's.
+    let failed = |run: &PathRuns| -> Vec<f64> {
+        run.paced
+            .iter()
+            .chain(&run.saturated)
+            .map(|w| w.outcome.failed as f64)
+            .collect()
+    };
+    let failures = Figure {
+        name: "waypoint: failed requests (vs L4)".to_owned(),
+        unit: "requests",
+        direct: Some(failed(l4).iter().sum()),
+        mesh: failed(waypoint).iter().sum(),
+        ratio: None,
+        ratio_kind: "",
+        goal: "0",
+        samples_direct: failed(l4),
+        samples_mesh: failed(waypoint),
+    };
+
+    let mut out = vec![
+        added(
+            "waypoint: L4 added p50, 1000 req/s (vs direct)",
+            direct,
+            l4,
+            0.5,
+            "",
+        ),
+        added(
+            "waypoint: L4 added p99, 1000 req/s (vs direct)",
+            direct,
+            l4,
+            0.99,
+            "",
+        ),
+        added(
+            "waypoint: added p50, 1000 req/s (vs L4)",
+            l4,
+            waypoint,
+            0.5,
+            "<= +150 µs",
+        ),
+        added(
+            "waypoint: added p99, 1000 req/s (vs L4)",
+            l4,
+            waypoint,
+            0.99,
+            "",
+        ),
+        single(
+            "waypoint: paced rate achieved",
+            "req/s",
+            median(&paced_rate),
+            "1000",
+        ),
+        ratio(
+            "waypoint: saturation req/s, L4 / direct",
+            "req/s",
+            rates(direct),
+            rates(l4),
+            "",
+        ),
+        ratio(
+            "waypoint: saturation req/s, waypoint / L4",
+            "req/s",
+            rates(l4),
+            rates(waypoint),
+            "",
+        ),
+    ];
+    let mut cpu = single(
+        "waypoint: CPU per 1000 req/s (paced)",
+        "vCPU",
+        0.0,
+        "<= 0.10 vCPU",
+    );
+    cpu.samples_mesh = per_1000(&waypoint.paced, &waypoint_ticks);
+    cpu.mesh = median(&cpu.samples_mesh);
+    let mut cpu_saturated = single("waypoint: CPU per 1000 req/s (saturation)", "vCPU", 0.0, "");
+    cpu_saturated.samples_mesh = per_1000(&waypoint.saturated, &waypoint_ticks);
+    cpu_saturated.mesh = median(&cpu_saturated.samples_mesh);
+    out.extend([
+        cpu,
+        cpu_saturated,
+        ratio(
+            "waypoint: all proxies' CPU per 1000 req/s vs L4",
+            "vCPU",
+            per_1000(&l4.paced, &proxies_ticks),
+            per_1000(&waypoint.paced, &all_ticks),
+            "",
+        ),
+        single(
+            "waypoint: RSS idle (ready, before any request)",
+            "MiB",
+            mib(rss_idle),
+            "<= 20 MiB",
+        ),
+        single(
+            "waypoint: RSS at 1000 req/s (peak)",
+            "MiB",
+            mib(peak(&waypoint.paced)),
+            "<= 40 MiB",
+        ),
+        single(
+            &format!("waypoint: RSS at saturation, {SATURATION_CONNECTIONS} conns (peak)"),
+            "MiB",
+            mib(peak(&waypoint.saturated)),
+            "<= 40 MiB",
+        ),
+        single("waypoint: RSS after the load", "MiB", mib(rss_after), ""),
+        failures,
+    ]);
+    out
+}
