@@ -47,6 +47,11 @@ impl Outcome {
     pub fn rate(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
     }
+
+    fn failure(&mut self, error: anyhow::Error) {
+        self.failed += 1;
+        self.first_error.get_or_insert(format!("{error:#}"));
+    }
 }
 
 /// No single request may stall a run for longer than this.
@@ -79,12 +84,15 @@ async fn load(
     duration: Duration,
     body_bytes: usize,
 ) -> Result<Outcome> {
+    // The untimed first requests count only when they fail: a connection whose first
+    // request failed reconnects for its first timed one.
+    let mut warmup = Outcome::default();
     let mut warm = Vec::with_capacity(connections);
     for _ in 0..connections {
-        let mut conn = Connection::open(target, body_bytes).await?;
-        conn.exchange()
-            .await
-            .context("the first request on a new connection")?;
+        let mut conn = Connection::new(target, body_bytes);
+        if let Err(e) = conn.timed_exchange().await {
+            warmup.failure(e);
+        }
         warm.push(conn);
     }
     // Connection i's requests are due at start + i/rate + n*connections/rate.
@@ -104,7 +112,7 @@ async fn load(
             tokio::spawn(drive(conn, schedule, start, deadline))
         })
         .collect();
-    let mut outcome = Outcome::default();
+    let mut outcome = warmup;
     for task in tasks {
         let one = task.await?;
         outcome.latencies_us.extend(one.latencies_us);
@@ -146,26 +154,18 @@ async fn drive(
         } else {
             sent
         };
-        match tokio::time::timeout(REQUEST_TIMEOUT, conn.exchange()).await {
-            Ok(Ok(())) => {
+        match conn.timed_exchange().await {
+            Ok(()) => {
                 outcome.ok += 1;
                 outcome
                     .latencies_us
                     .push(from.elapsed().as_secs_f64() * 1e6);
             }
-            failed => {
-                outcome.failed += 1;
-                let why = match failed {
-                    Ok(Err(e)) => format!("{e:#}"),
-                    _ => format!("no answer within {REQUEST_TIMEOUT:?}"),
-                };
-                outcome.first_error.get_or_insert(why);
-                // A new connection for the next request; a pause so a refusing
-                // path is not hammered in a tight loop.
+            Err(e) => {
+                outcome.failure(e);
+                // The next request opens a new connection, after a pause so a
+                // refusing path is not hammered in a tight loop.
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                if let Err(e) = conn.reconnect().await {
-                    outcome.first_error.get_or_insert(format!("{e:#}"));
-                }
             }
         }
         previous_done = Instant::now();
@@ -183,22 +183,20 @@ struct Connection {
 }
 
 impl Connection {
-    async fn open(target: SocketAddr, body_bytes: usize) -> Result<Self> {
-        let mut conn = Connection {
+    /// Connects at the first request.
+    fn new(target: SocketAddr, body_bytes: usize) -> Self {
+        Connection {
             target,
             stream: None,
             request: format!("GET / HTTP/1.1\r\nHost: {target}\r\nUser-Agent: bench\r\n\r\n")
                 .into_bytes(),
             buf: Vec::with_capacity(body_bytes + 1024),
             body_bytes,
-        };
-        conn.reconnect().await?;
-        Ok(conn)
+        }
     }
 
     async fn reconnect(&mut self) -> Result<()> {
         self.stream = None;
-        self.buf.clear();
         let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(self.target))
             .await
             .with_context(|| format!("connecting to {}: timed out", self.target))?
@@ -206,6 +204,17 @@ impl Connection {
         stream.set_nodelay(true)?;
         self.stream = Some(stream);
         Ok(())
+    }
+
+    /// [`Connection::exchange`], failing after `REQUEST_TIMEOUT`.
+    async fn timed_exchange(&mut self) -> Result<()> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.exchange()).await {
+            Ok(result) => result,
+            Err(_) => {
+                self.stream = None;
+                bail!("no answer within {REQUEST_TIMEOUT:?}")
+            }
+        }
     }
 
     /// One request and its whole answer, which must be a 200 with the expected body.

@@ -282,8 +282,9 @@ fn window(
     let outcome = outcome.with_context(|| format!("HTTP load on the {path:?} path"))?;
     Ok(Window {
         requests: outcome.ok + outcome.failed + connections as u64,
-        waypoint_ticks: cpu_ticks(waypoint) - w0,
-        ztunnel_ticks: ztunnel_ticks() - z0,
+        // Saturating: a proxy that died meanwhile reads as 0.
+        waypoint_ticks: cpu_ticks(waypoint).saturating_sub(w0),
+        ztunnel_ticks: ztunnel_ticks().saturating_sub(z0),
         waypoint_rss_peak,
         outcome,
     })

@@ -278,8 +278,160 @@ fn cluster_demo(c: &LocalCluster) -> Result<()> {
         "   the first client still works: the server received {} bytes from {}",
         answer["bytes"], answer["peer"]
     );
+    waypoint_demo(c, app)
+}
+
+/// L7: a waypoint for the namespace, an HTTP policy on it, its request metrics.
+fn waypoint_demo(c: &LocalCluster, app: &str) -> Result<()> {
+    step("L7: an HTTP Service `web`, then a waypoint for the namespace (Istio's commands)");
+    c.kubectl_apply(WEB_MANIFEST)?;
+    c.wait_pod_running(NS, "web", WAIT)?;
+    c.wait_redirection(NS, "web", Some("enabled"), WAIT)?;
+    let get = |path: &str| -> (String, String) {
+        let url = format!("http://web:80{path}");
+        match c.exec_in_pod(NS, "client", &[app, "get", &url]) {
+            Ok(body) => ("200 OK".to_owned(), body),
+            Err(e) => {
+                let text = e.to_string();
+                let status = text
+                    .split("answered ")
+                    .nth(1)
+                    .and_then(|s| s.lines().next())
+                    .unwrap_or("no answer")
+                    .to_owned();
+                (status, text)
+            }
+        }
+    };
+    wait_for("web to answer", WAIT, || {
+        (get("/hello").0 == "200 OK").then_some(())
+    })?;
+    let apply = [
+        "waypoint",
+        "apply",
+        "-n",
+        NS,
+        "--enroll-namespace",
+        "--wait",
+    ];
+    println!("   $ istioctl-lite {}", apply.join(" "));
+    println!("{}", indent(c.istioctl(&apply)?.trim()));
+    println!("{}", indent(&c.kubectl(&["get", "gateway", "-n", NS])?));
+    let made = [
+        "get",
+        "deployment,service",
+        "-n",
+        NS,
+        "-l",
+        "gateway.networking.k8s.io/gateway-name=waypoint",
+    ];
+    println!("{}", indent(&c.kubectl(&made)?));
+    println!("   istiod-lite made the waypoint's Deployment and Service for the Gateway, and the");
+    println!(
+        "   namespace's label binds its Services to it: the ztunnels now send traffic for `web`"
+    );
+    println!(
+        "   to the waypoint over HBONE, which forwards each request over HBONE to web's ztunnel."
+    );
+    println!("{}", indent(&c.kubectl_apply(WAYPOINT_POLICY)?));
+    let (status, _) = wait_for("the waypoint to deny /admin", WAIT, || {
+        let answer = get("/admin/users");
+        answer.0.contains("403").then_some(answer)
+    })?;
+    println!("   $ e2e-app get http://web/admin/users   (in the client pod)\n      {status}: RBAC: access denied");
+    let (status, body) = get("/hello");
+    println!(
+        "   $ e2e-app get http://web/hello\n      {status}: {}",
+        body.trim()
+    );
+    let waypoint_pod = c
+        .pod_names_in(NS)
+        .into_iter()
+        .find(|n| n.starts_with("waypoint"))
+        .context("no waypoint pod")?;
+    let ip = c.get_pod(NS, &waypoint_pod)?["status"]["podIP"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let metrics = c.exec_in_pod(
+        NS,
+        "client",
+        &[app, "get", &format!("http://{ip}:15020/metrics")],
+    )?;
+    println!("   the waypoint's request metrics (Istio's names, reporter=waypoint):");
+    for code in ["200", "403"] {
+        let n = metric_sum(
+            &metrics,
+            "istio_requests_total",
+            &[
+                ("reporter", "waypoint"),
+                ("response_code", code),
+                ("destination_service", "web.demo.svc.cluster.local"),
+            ],
+        );
+        println!("      istio_requests_total{{response_code=\"{code}\", destination_service=\"web.demo.svc.cluster.local\"}} {n}");
+    }
+    println!(
+        "   -> each HTTP request authorized at the waypoint (its resident memory: {} MiB).",
+        rss_mib(c, &waypoint_pod).unwrap_or(0)
+    );
     Ok(())
 }
+
+/// The resident memory of a pod's first process, MiB.
+fn rss_mib(c: &LocalCluster, pod: &str) -> Option<u64> {
+    let pid = *c.pod(NS, pod)?.pids.first()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib / 1024)
+}
+
+/// An HTTP server pod and its Service: the port's name (`http`) tells the waypoint
+/// to read HTTP, as Istio decides.
+const WEB_MANIFEST: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  namespace: demo
+  labels: {app: web}
+spec:
+  nodeName: node-2
+  serviceAccountName: web
+  containers:
+  - name: http
+    image: e2e-app:local
+    command: [e2e-app, http, --listen, \"0.0.0.0:8080\"]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: demo
+spec:
+  selector: {app: web}
+  ports:
+  - {name: http, port: 80, targetPort: 8080}
+";
+
+/// Istio's L7 policy for a waypoint: attached to its Gateway by `targetRefs`.
+const WAYPOINT_POLICY: &str = "apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: no-admin
+  namespace: demo
+spec:
+  targetRefs:
+  - {group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}
+  action: DENY
+  rules:
+  - to: [{operation: {paths: [\"/admin*\"]}}]
+";
 
 /// The `server` Service's ClusterIPs (one per family on a dual-stack cluster).
 fn server_vips(c: &LocalCluster) -> Result<Vec<String>> {
