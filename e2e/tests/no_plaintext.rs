@@ -515,6 +515,110 @@ fn a_restarted_ztunnel_serves_no_pod_before_it_knows_the_peers() {
     assert!(hbone > 0, "no HBONE flow from a to b");
 }
 
+// ---------------------------------------------------------------- waypoints
+
+#[test]
+fn the_waypoints_hops_carry_no_plaintext() {
+    if !test_support::can_run_root_tests() {
+        return;
+    }
+    let _s = serial();
+    let c = LocalCluster::start("npw").unwrap();
+    c.create_namespace("w", &[AMBIENT]).unwrap();
+    c.wait_ztunnels_ready(T).unwrap();
+    c.create_pod(
+        "w",
+        "server",
+        2,
+        "server",
+        &[("app", "server")],
+        &args(&echo()),
+    )
+    .unwrap();
+    c.create_pod("w", "client", 1, "client", &[], &["sleep", "3600"])
+        .unwrap();
+    let server = c.wait_pod_running("w", "server", T).unwrap().ip;
+    let client = c.wait_pod_running("w", "client", T).unwrap().ip;
+    for pod in ["server", "client"] {
+        c.wait_redirection("w", pod, Some("enabled"), T).unwrap();
+    }
+    let svc = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "echo", "namespace": "w"},
+        "spec": {"selector": {"app": "server"},
+                 "ports": [{"name": "tcp-echo", "port": ECHO_PORT, "targetPort": ECHO_PORT}]},
+    });
+    let svc = c.api().post("/api/v1/namespaces/w/services", &svc).unwrap();
+    let vip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
+    c.istioctl(&[
+        "waypoint",
+        "apply",
+        "-n",
+        "w",
+        "--enroll-namespace",
+        "--wait",
+        "--timeout",
+        "60s",
+    ])
+    .unwrap();
+    let waypoint = c
+        .pod_names_in("w")
+        .into_iter()
+        .find(|n| n.starts_with("waypoint"))
+        .unwrap();
+    let waypoint_ip = c.wait_pod_running("w", &waypoint, T).unwrap().ip;
+
+    let cap = capture(&c);
+    let s = stream(&c, "w", "client", &vip, 20);
+    progress(&c, &[&s], "through the waypoint");
+    drop(s);
+    std::thread::sleep(Duration::from_millis(300));
+    let captured = cap.stop().unwrap();
+    assert_complete(&captured);
+
+    // The client's ztunnel tunnels to the waypoint, the waypoint to the server's
+    // ztunnel: whichever of these hops crosses the wire (the waypoint runs on one of
+    // the two nodes) is HBONE, and no packet shows the marker.
+    let (client, server, waypoint_ip) = (ip(&client), ip(&server), ip(&waypoint_ip));
+    let flows = capture::flows(&captured.packets);
+    let hops: Vec<&Flow> = flows
+        .iter()
+        .filter(|f| {
+            (f.client.0 == client && f.server.0 == waypoint_ip)
+                || (f.client.0 == waypoint_ip && f.server.0 == server)
+        })
+        .collect();
+    assert!(
+        !hops.is_empty(),
+        "no hop through the waypoint crossed the wire"
+    );
+    for f in &hops {
+        assert_eq!(
+            f.server.1, HBONE_PORT,
+            "{:?} -> {:?} is not HBONE",
+            f.client, f.server
+        );
+        assert_eq!(
+            f.first_to_server,
+            Some(0x16),
+            "{:?}: not TLS first",
+            f.client
+        );
+    }
+    let marker = MARKER.as_bytes();
+    let leaked = captured
+        .packets
+        .iter()
+        .filter(|p| capture::contains(&p.payload, marker))
+        .count();
+    assert_eq!(leaked, 0, "packets with the marker in plaintext");
+    eprintln!(
+        "waypoint hops: {} packets captured, {} flows through the waypoint, none plaintext",
+        captured.packets.len(),
+        hops.len()
+    );
+}
+
 // ---------------------------------------------------------------- STRICT
 
 const STRICT_MESH: &str = "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\n\
