@@ -450,3 +450,73 @@ fn grpc_requests_share_a_connection_and_are_authorized_one_by_one() -> Result<()
     drop(server);
     Ok(())
 }
+
+/// A waypoint killed while a client sends requests: requests fail while it is down
+/// and succeed again once it is back, and none reaches B around it meanwhile.
+#[test]
+fn a_waypoint_restarted_under_load_is_never_bypassed() -> Result<()> {
+    if !test_support::can_run_root_tests() {
+        return Ok(());
+    }
+    let mut wp = WaypointMesh::new("wpk", "")?;
+    wait_for(
+        "a request through the waypoint",
+        Duration::from_secs(10),
+        || wp.request("GET", "/", &[]).ok().filter(|(s, _)| *s == 200),
+    )?;
+    let from_client = |wp: &WaypointMesh| -> Result<f64> {
+        let b = ztunnel_metrics(&wp.mesh.b)?;
+        Ok(metric_sum(
+            &b,
+            "istio_tcp_connections_opened_total",
+            &[
+                ("reporter", "destination"),
+                ("source_principal", CLIENT_PRINCIPAL),
+            ],
+        ))
+    };
+    let around_before = from_client(&wp)?;
+    // The load: requests one after another from A until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let a = wp.mesh.a.path();
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            test_support::netns::run_in(&a, move || {
+                let (mut ok, mut failed) = (0u32, 0u32);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match test_support::http::request(WaypointMesh::http_vip(), "GET", "/load", &[])
+                    {
+                        Ok((200, _)) => ok += 1,
+                        _ => failed += 1,
+                    }
+                }
+                (ok, failed)
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    wp.restart_waypoint()?;
+    // Served again by the new waypoint.
+    wait_for(
+        "requests through the new waypoint",
+        Duration::from_secs(10),
+        || {
+            let w = ztunnel_metrics(&wp.w).ok()?;
+            (metric_sum(&w, "istio_requests_total", &[("response_code", "200")]) >= 20.0)
+                .then_some(())
+        },
+    )?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = load.join().expect("the load thread")?;
+    eprintln!(
+        "restart under load: {ok} requests answered, {failed} failed while the waypoint was down"
+    );
+    assert!(ok >= 20, "{ok} answered");
+    assert_eq!(
+        from_client(&wp)?,
+        around_before,
+        "a request reached B around the waypoint"
+    );
+    Ok(())
+}

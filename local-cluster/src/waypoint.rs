@@ -68,11 +68,20 @@ pub fn waypoint_config(bind_service: bool, bind_workload: bool) -> String {
         )
 }
 
+/// The waypoint of `mesh`, in `w`, with `env`.
+fn start(w: &Netns, mesh: &Standalone, env: &[(String, String)]) -> Result<ChildGuard> {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let ca = mesh.dir.path().join("ca");
+    mesh::start_waypoint(w, "vms/waypoint/waypoint", &ca, &mesh.config, &env)
+}
+
 pub struct WaypointMesh {
     // Fields drop in declaration order: the waypoint first, then the mesh.
     pub waypoint: ChildGuard,
     pub w: Netns,
     pub policies: PathBuf,
+    /// The waypoint's extra environment, for restarts.
+    env: Vec<(String, String)>,
     pub mesh: Standalone,
 }
 
@@ -117,30 +126,33 @@ impl WaypointMesh {
         let http = ChildGuard::spawn(&format!("http-{}", mesh.b.name()), cmd)?;
         let policies_path = mesh.dir.path().join("waypoint-policies.yaml");
         std::fs::write(&policies_path, policies)?;
-        let ca = mesh.dir.path().join("ca");
-        let policy_env = policies_path.to_str().context("path")?.to_owned();
-        let waypoint = mesh::start_waypoint(
-            &w,
-            "vms/waypoint/waypoint",
-            &ca,
-            &mesh.config,
-            &[
-                &[
-                    ("WAYPOINT_POLICY_PATH", policy_env.as_str()),
-                    ("GATEWAY_NAME", "waypoint"),
-                ],
-                env,
-            ]
-            .concat(),
-        )?;
+        let mut env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.push((
+            "WAYPOINT_POLICY_PATH".into(),
+            policies_path.to_str().context("path")?.into(),
+        ));
+        env.push(("GATEWAY_NAME".into(), "waypoint".into()));
+        let waypoint = start(&w, &mesh, &env)?;
         let mut mesh = mesh;
         mesh.apps.push(http);
         Ok(WaypointMesh {
             waypoint,
             w,
             policies: policies_path,
+            env,
             mesh,
         })
+    }
+
+    /// Kills the waypoint (as a crashed pod) and starts it again; returns once the
+    /// new one is ready.
+    pub fn restart_waypoint(&mut self) -> Result<()> {
+        self.waypoint.kill();
+        self.waypoint = start(&self.w, &self.mesh, &self.env)?;
+        Ok(())
     }
 
     /// The echo Service's HTTP port, as A's apps address it.
