@@ -357,13 +357,10 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
     let proxies_ticks = |w: &Window| w.ztunnel_ticks;
     let all_ticks = |w: &Window| w.ztunnel_ticks + w.waypoint_ticks;
     let mib = |kib: u64| kib as f64 / 1024.0;
-    let peak = |windows: &[Window]| {
-        windows
-            .iter()
-            .map(|w| w.waypoint_rss_peak)
-            .max()
-            .unwrap_or(0)
+    let peaks = |windows: &[Window]| -> Vec<f64> {
+        windows.iter().map(|w| mib(w.waypoint_rss_peak)).collect()
     };
+    let max = |samples: &[f64]| samples.iter().copied().fold(0.0, f64::max);
     let paced_rate: Vec<f64> = waypoint.paced.iter().map(|w| w.outcome.rate()).collect();
     // Totals over the paced and closed-loop windows; the JSON keeps each window's.
     let failed = |run: &PathRuns| -> Vec<f64> {
@@ -385,7 +382,7 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
         samples_mesh: failed(waypoint),
     };
 
-    let mut out = vec![
+    vec![
         added(
             "waypoint: L4 added p50, 1000 req/s (vs direct)",
             direct,
@@ -414,10 +411,11 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
             0.99,
             "",
         ),
-        single(
+        series(
             "waypoint: paced rate achieved",
             "req/s",
-            median(&paced_rate),
+            paced_rate,
+            median,
             "1000",
         ),
         ratio(
@@ -434,21 +432,20 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
             rates(waypoint),
             "",
         ),
-    ];
-    let mut cpu = single(
-        "waypoint: CPU per 1000 req/s (paced)",
-        "vCPU",
-        0.0,
-        "<= 0.10 vCPU",
-    );
-    cpu.samples_mesh = per_1000(&waypoint.paced, &waypoint_ticks);
-    cpu.mesh = median(&cpu.samples_mesh);
-    let mut cpu_saturated = single("waypoint: CPU per 1000 req/s (saturation)", "vCPU", 0.0, "");
-    cpu_saturated.samples_mesh = per_1000(&waypoint.saturated, &waypoint_ticks);
-    cpu_saturated.mesh = median(&cpu_saturated.samples_mesh);
-    out.extend([
-        cpu,
-        cpu_saturated,
+        series(
+            "waypoint: CPU per 1000 req/s (paced)",
+            "vCPU",
+            per_1000(&waypoint.paced, &waypoint_ticks),
+            median,
+            "<= 0.10 vCPU",
+        ),
+        series(
+            "waypoint: CPU per 1000 req/s (saturation)",
+            "vCPU",
+            per_1000(&waypoint.saturated, &waypoint_ticks),
+            median,
+            "",
+        ),
         ratio(
             "waypoint: all proxies' CPU per 1000 req/s vs L4",
             "vCPU",
@@ -462,20 +459,34 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
             mib(rss_idle),
             "<= 20 MiB",
         ),
-        single(
+        series(
             "waypoint: RSS at 1000 req/s (peak)",
             "MiB",
-            mib(peak(&waypoint.paced)),
+            peaks(&waypoint.paced),
+            max,
             "<= 40 MiB",
         ),
-        single(
+        series(
             &format!("waypoint: RSS at saturation, {SATURATION_CONNECTIONS} conns (peak)"),
             "MiB",
-            mib(peak(&waypoint.saturated)),
+            peaks(&waypoint.saturated),
+            max,
             "<= 40 MiB",
         ),
         single("waypoint: RSS after the load", "MiB", mib(rss_after), ""),
         failures,
-    ]);
-    out
+    ]
+}
+
+/// A row of one value, `summary` of `samples`, with every sample kept for the JSON.
+fn series(
+    name: &str,
+    unit: &'static str,
+    samples: Vec<f64>,
+    summary: impl Fn(&[f64]) -> f64,
+    goal: &'static str,
+) -> Figure {
+    let mut figure = single(name, unit, summary(&samples), goal);
+    figure.samples_mesh = samples;
+    figure
 }

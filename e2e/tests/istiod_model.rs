@@ -674,8 +674,9 @@ async fn peer_authentication_strict_refuses_plaintext_and_follows_changes() {
     stop(&control).await;
 }
 
-/// `istio.io/use-waypoint` on a namespace binds its services and pods to that
-/// waypoint (so ztunnel refuses their traffic); a pod's own `none` opts it out.
+/// `istio.io/use-waypoint` on a namespace binds its services to that waypoint, and its
+/// pods too once the waypoint's Gateway says `istio.io/waypoint-for: all`; a pod's own
+/// `none` opts it out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn use_waypoint_labels_bind_services_and_pods() {
     init_logs();
@@ -718,14 +719,37 @@ async fn use_waypoint_labels_bind_services_and_pods() {
         )
         .await
         .expect("label the namespace");
+    // No Gateway yet: Istio's default `waypoint-for: service`.
     eventually("the namespace's waypoint", WAIT, || {
-        service_waypoint(&store).is_some() && pod_waypoint(&store).is_some()
+        service_waypoint(&store).is_some()
     })
     .await;
     assert_eq!(
         service_waypoint(&store).as_deref(),
         Some("wp/waypoint.wp.svc.cluster.local")
     );
+    assert_eq!(pod_waypoint(&store), None);
+    let gateways = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        "wp",
+        &istiod_lite::model::gateway_resource(),
+    );
+    let gateway: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": "waypoint", "namespace": "wp", "labels": {"istio.io/waypoint-for": "all"}},
+        "spec": {"gatewayClassName": "istio-waypoint",
+                 "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+    }))
+    .unwrap();
+    gateways
+        .create(&PostParams::default(), &gateway)
+        .await
+        .expect("create the Gateway");
+    eventually("the pod bound by waypoint-for: all", WAIT, || {
+        pod_waypoint(&store).is_some()
+    })
+    .await;
 
     Api::<Pod>::namespaced(client.clone(), "wp")
         .patch(
