@@ -20,7 +20,7 @@ use h2::RecvStream;
 use http::{Request, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::http::HttpProxy;
 use crate::metrics::RequestMetrics;
@@ -28,9 +28,8 @@ use crate::policy::{Attributes, Decision, Policies};
 use shared_types::constants::HBONE_PORT;
 use ztunnel::hbone::io::H2Io;
 use ztunnel::hbone::pool::{ConnectRequest, Pool, PoolKey};
-use ztunnel::hbone::server::{respond_status, serve_connection};
+use ztunnel::hbone::server::{accept_tls, connect_authority, respond_status, serve_connection};
 use ztunnel::hbone::stream::H2Stream;
-use ztunnel::hbone::{HANDSHAKE_TIMEOUT, TLS_READ_BUFFER, TLS_SEND_BUFFER_LIMIT};
 use ztunnel::identity::Identity;
 use ztunnel::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use ztunnel::proxy::result::{ConnectionResult, Endpoints};
@@ -109,38 +108,16 @@ impl Waypoint {
 
     async fn serve(&self, tcp: TcpStream, addr: SocketAddr) {
         let metrics = &self.inputs.metrics;
-        let config = match self
-            .server_config
-            .get(&self.inputs.certs, &self.inputs.local.identity)
-            .await
-        {
-            Ok(config) => config,
-            Err(e) => {
-                warn!(error = %e, "no certificate for the waypoint");
-                metrics.error("no_certificate");
-                return;
-            }
-        };
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let tcp = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp);
-        let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(e)) => {
-                info!(error = %e, "TLS handshake failed");
-                metrics.error("tls_handshake");
-                return;
-            }
-            Err(_) => {
-                info!("TLS handshake timed out");
-                metrics.error("tls_handshake");
-                return;
-            }
-        };
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
-        let Some(identity) = ztunnel::tls::peer_identity(tls.get_ref().1) else {
-            metrics.error("no_peer_identity");
+        let inputs = &self.inputs;
+        let Some((tls, identity)) = accept_tls(
+            tcp,
+            &self.server_config,
+            &inputs.certs,
+            &inputs.local.identity,
+            metrics,
+        )
+        .await
+        else {
             return;
         };
         let peer = Peer {
@@ -177,18 +154,9 @@ impl Waypoint {
             metrics.error(reason);
             respond_status(&mut respond, status);
         };
-        if request.method() != http::Method::CONNECT {
-            info!(method = %request.method(), "refusing HBONE request that is not CONNECT");
-            return refuse(StatusCode::METHOD_NOT_ALLOWED, "not_connect");
-        }
-        let Some(authority) = request
-            .uri()
-            .authority()
-            .and_then(|a| a.as_str().parse::<SocketAddr>().ok())
-            .map(socket::to_canonical)
-        else {
-            info!(uri = %request.uri(), "refusing CONNECT with a malformed authority");
-            return refuse(StatusCode::BAD_REQUEST, "bad_authority");
+        let authority = match connect_authority(&request) {
+            Ok(authority) => authority,
+            Err((status, reason)) => return refuse(status, reason),
         };
         let state = &self.inputs.state;
         tokio::join!(

@@ -1,5 +1,5 @@
-//! The HTTP/2 side of an inbound HBONE connection: accepts CONNECT streams on an
-//! established mutual-TLS connection and hands each to a handler.
+//! The server side of HBONE: the mutual-TLS handshake of an accepted connection, then
+//! its HTTP/2 CONNECT streams, each handed to a handler.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,12 +8,85 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::Request;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use super::*;
+use crate::identity::{Identity, SecretManager};
+use crate::metrics::Metrics;
+use crate::tls::{self, ServerConfigCache};
+
+/// A CONNECT's target from its head alone, or the status and metric reason it is
+/// refused with: the method must be CONNECT (405), the authority an `ip:port` (400).
+pub fn connect_authority<B>(
+    request: &Request<B>,
+) -> Result<std::net::SocketAddr, (http::StatusCode, &'static str)> {
+    if request.method() != http::Method::CONNECT {
+        info!(method = %request.method(), "refusing HBONE request that is not CONNECT");
+        return Err((http::StatusCode::METHOD_NOT_ALLOWED, "not_connect"));
+    }
+    request
+        .uri()
+        .authority()
+        .and_then(|a| a.as_str().parse::<std::net::SocketAddr>().ok())
+        .map(crate::socket::to_canonical)
+        .ok_or_else(|| {
+            info!(uri = %request.uri(), "refusing CONNECT with a malformed authority");
+            (http::StatusCode::BAD_REQUEST, "bad_authority")
+        })
+}
+
+/// An accepted HBONE connection after its handshake.
+pub type HboneTls = TlsStream<BufReader<TcpStream>>;
+
+/// The mutual-TLS handshake of an accepted connection, as `identity` (its leaf from
+/// `certs`, its config from `configs`): the stream and the peer's SPIFFE identity, or
+/// `None` (counted in `metrics` by reason) when there is no certificate, the handshake
+/// fails or takes longer than [`HANDSHAKE_TIMEOUT`].
+pub async fn accept_tls(
+    tcp: TcpStream,
+    configs: &ServerConfigCache,
+    certs: &SecretManager,
+    identity: &Identity,
+    metrics: &Metrics,
+) -> Option<(HboneTls, Identity)> {
+    let config = match configs.get(certs, identity).await {
+        Ok(config) => config,
+        Err(e) => {
+            warn!(%identity, error = %e, "no certificate to serve HBONE with");
+            metrics.error("no_certificate");
+            return None;
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let tcp = BufReader::with_capacity(TLS_READ_BUFFER, tcp);
+    let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            info!(error = %e, "TLS handshake failed");
+            metrics.error("tls_handshake");
+            return None;
+        }
+        Err(_) => {
+            info!("TLS handshake timed out");
+            metrics.error("tls_handshake");
+            return None;
+        }
+    };
+    tls.get_mut()
+        .1
+        .set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
+    let Some(peer) = tls::peer_identity(tls.get_ref().1) else {
+        // The verifier already requires one; this is only defence in depth.
+        metrics.error("no_peer_identity");
+        return None;
+    };
+    Some((tls, peer))
+}
 
 /// Serves one HBONE connection until the peer closes it. When `drain` fires, the
 /// server sends GOAWAY and lets open streams finish.

@@ -11,18 +11,16 @@ use std::sync::Arc;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
-use http::{Method, Request, StatusCode};
+use http::{Request, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::connections::{ConnectionDump, Direction, Shown};
 use super::result::{ConnectionResult, Endpoints};
 use super::{OwnPorts, ProxyInputs};
-use crate::hbone::server::{respond_status, serve_connection};
+use crate::hbone::server::{accept_tls, connect_authority, respond_status, serve_connection};
 use crate::hbone::stream::{copy_bidirectional, reset_on_close, H2Stream};
-use crate::hbone::{
-    HANDSHAKE_TIMEOUT, STREAM_IDLE_TIMEOUT, TLS_READ_BUFFER, TLS_SEND_BUFFER_LIMIT,
-};
+use crate::hbone::STREAM_IDLE_TIMEOUT;
 use crate::identity::Identity;
 use crate::metrics::{Reporter, ResponseFlags, TrafficLabels};
 use crate::socket;
@@ -38,19 +36,7 @@ pub fn connect_target<B>(
     local: SocketAddr,
     own_ports: &OwnPorts,
 ) -> Result<SocketAddr, (StatusCode, &'static str)> {
-    if request.method() != Method::CONNECT {
-        info!(method = %request.method(), "refusing HBONE request that is not CONNECT");
-        return Err((StatusCode::METHOD_NOT_ALLOWED, "not_connect"));
-    }
-    let Some(target) = request
-        .uri()
-        .authority()
-        .and_then(|a| a.as_str().parse::<SocketAddr>().ok())
-        .map(socket::to_canonical)
-    else {
-        info!(uri = %request.uri(), "refusing CONNECT with a malformed authority");
-        return Err((StatusCode::BAD_REQUEST, "bad_authority"));
-    };
+    let target = connect_authority(request)?;
     if target.ip() != local.ip() {
         info!(%target, reached = %local, "refusing CONNECT for an address the connection did not reach");
         return Err((StatusCode::BAD_REQUEST, "authority_mismatch"));
@@ -95,47 +81,22 @@ impl Inbound {
         .await
     }
 
-    async fn tls_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
-        self.server_config
-            .get(&self.inputs.certs, &self.inputs.local.identity)
-            .await
-    }
-
     async fn serve(&self, tcp: TcpStream, peer_addr: SocketAddr) {
         let metrics = &self.inputs.metrics;
         let local = match tcp.local_addr() {
             Ok(local) => socket::to_canonical(local),
             Err(_) => return,
         };
-        let config = match self.tls_config().await {
-            Ok(config) => config,
-            Err(e) => {
-                warn!(error = %e, "no certificate for the local workload");
-                metrics.error("no_certificate");
-                return;
-            }
-        };
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let tcp = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp);
-        let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(e)) => {
-                info!(error = %e, "TLS handshake failed");
-                metrics.error("tls_handshake");
-                return;
-            }
-            Err(_) => {
-                info!("TLS handshake timed out");
-                metrics.error("tls_handshake");
-                return;
-            }
-        };
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
-        let Some(identity) = tls::peer_identity(tls.get_ref().1) else {
-            // The verifier already requires one; this is only defence in depth.
-            metrics.error("no_peer_identity");
+        let inputs = &self.inputs;
+        let Some((tls, identity)) = accept_tls(
+            tcp,
+            &self.server_config,
+            &inputs.certs,
+            &inputs.local.identity,
+            metrics,
+        )
+        .await
+        else {
             return;
         };
         let peer = Peer {
