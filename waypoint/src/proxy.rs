@@ -28,7 +28,7 @@ use crate::policy::{Attributes, Decision, Policies};
 use shared_types::constants::HBONE_PORT;
 use ztunnel::hbone::io::H2Io;
 use ztunnel::hbone::pool::{ConnectRequest, Pool, PoolKey};
-use ztunnel::hbone::server::{accept_tls, connect_authority, respond_status, serve_connection};
+use ztunnel::hbone::server::{accept_tls, connect_authority, respond_status, serve_counted};
 use ztunnel::hbone::stream::H2Stream;
 use ztunnel::identity::Identity;
 use ztunnel::metrics::{Reporter, ResponseFlags, TrafficLabels};
@@ -125,8 +125,7 @@ impl Waypoint {
             identity,
         };
         let this = self.clone();
-        let refused = metrics.clone();
-        let result = serve_connection(
+        serve_counted(
             tls,
             self.inputs.drain.accepting_token(),
             move |request, respond| {
@@ -134,13 +133,9 @@ impl Waypoint {
                 let peer = peer.clone();
                 async move { this.handle(peer, request, respond).await }
             },
-            move || refused.error("hbone_stream_limit"),
+            metrics.clone(),
         )
         .await;
-        if let Err(e) = result {
-            debug!(error = %e, "HBONE connection ended");
-            metrics.error("hbone_protocol");
-        }
     }
 
     async fn handle(

@@ -150,6 +150,29 @@ where
     }
 }
 
+/// [`serve_connection`], counting in `metrics` what it refuses: a stream over the limit
+/// (`hbone_stream_limit`) and a connection that fails (`hbone_protocol`).
+pub async fn serve_counted<IO, H, F>(
+    io: IO,
+    drain: CancellationToken,
+    handler: H,
+    metrics: Arc<Metrics>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    H: Fn(Request<RecvStream>, SendResponse<Bytes>) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let refused = metrics.clone();
+    let result = serve_connection(io, drain, handler, move || {
+        refused.error("hbone_stream_limit")
+    })
+    .await;
+    if let Err(e) = result {
+        debug!(error = %e, "HBONE connection ended");
+        metrics.error("hbone_protocol");
+    }
+}
+
 /// Answers a stream with `status` and no body.
 pub fn respond_status(respond: &mut SendResponse<Bytes>, status: http::StatusCode) {
     let mut response = http::Response::new(());

@@ -18,7 +18,7 @@ use tracing::{debug, info};
 use super::connections::{ConnectionDump, Direction, Shown};
 use super::result::{ConnectionResult, Endpoints};
 use super::{OwnPorts, ProxyInputs};
-use crate::hbone::server::{accept_tls, connect_authority, respond_status, serve_connection};
+use crate::hbone::server::{accept_tls, connect_authority, respond_status, serve_counted};
 use crate::hbone::stream::{copy_bidirectional, reset_on_close, H2Stream};
 use crate::hbone::STREAM_IDLE_TIMEOUT;
 use crate::identity::Identity;
@@ -106,8 +106,7 @@ impl Inbound {
         };
         let this = self.clone();
         let drain = self.inputs.drain.accepting_token();
-        let refused = self.inputs.metrics.clone();
-        let result = serve_connection(
+        serve_counted(
             tls,
             drain,
             move |request, respond| {
@@ -115,13 +114,9 @@ impl Inbound {
                 let peer = peer.clone();
                 async move { this.handle(peer, request, respond).await }
             },
-            move || refused.error("hbone_stream_limit"),
+            metrics.clone(),
         )
         .await;
-        if let Err(e) = result {
-            debug!(error = %e, "HBONE connection ended");
-            metrics.error("hbone_protocol");
-        }
     }
 
     async fn handle(
