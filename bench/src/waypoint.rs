@@ -138,28 +138,18 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
 }
 
 /// The topology's server behind the Service answers JSON of varying size: it is
-/// replaced by one answering `BODY_BYTES` on the same port, and a twin on
-/// `DIRECT_HTTP_PORT` serves the direct path. Both are checked to answer so.
+/// restarted answering `BODY_BYTES`, and a twin on `DIRECT_HTTP_PORT` serves the
+/// direct path. Both are checked to answer so.
 fn fixed_size_servers(wp: &mut WaypointMesh) -> Result<()> {
-    // `WaypointMesh` starts its HTTP server last: the check below catches a change.
-    drop(
-        wp.mesh
-            .apps
-            .pop()
-            .context("no HTTP server in the topology")?,
-    );
+    let body_bytes = BODY_BYTES.to_string();
+    wp.restart_http_server(&["--body-bytes", &body_bytes])?;
     let app = test_support::built_binary("e2e-app")?;
+    let mut cmd = wp.mesh.b.command(app.to_str().context("path")?);
+    cmd.args(["http", "--listen", &format!("0.0.0.0:{DIRECT_HTTP_PORT}")]);
+    cmd.args(["--body-bytes", &body_bytes]);
+    let direct = ChildGuard::spawn(&format!("http{DIRECT_HTTP_PORT}-{}", wp.mesh.b.name()), cmd)?;
+    wp.mesh.apps.push(direct);
     for port in [HTTP_TARGET_PORT, DIRECT_HTTP_PORT] {
-        let mut cmd = wp.mesh.b.command(app.to_str().context("path")?);
-        cmd.args([
-            "http",
-            "--listen",
-            &format!("0.0.0.0:{port}"),
-            "--body-bytes",
-            &BODY_BYTES.to_string(),
-        ]);
-        let server = ChildGuard::spawn(&format!("http{port}-{}", wp.mesh.b.name()), cmd)?;
-        wp.mesh.apps.push(server);
         let addr: SocketAddr = format!("{SERVER_IP}:{port}").parse()?;
         // From B itself: no capture there.
         wait_for(

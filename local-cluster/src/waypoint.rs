@@ -68,6 +68,15 @@ pub fn waypoint_config(bind_service: bool, bind_workload: bool) -> String {
         )
 }
 
+/// `e2e-app http` in `b` on [`HTTP_TARGET_PORT`], with `args` too.
+fn start_http_server(b: &Netns, args: &[&str]) -> Result<ChildGuard> {
+    let app = test_support::built_binary("e2e-app")?;
+    let mut cmd = b.command(app.to_str().context("path")?);
+    cmd.args(["http", "--listen", &format!("0.0.0.0:{HTTP_TARGET_PORT}")]);
+    cmd.args(args);
+    ChildGuard::spawn(&format!("http-{}", b.name()), cmd)
+}
+
 /// The waypoint of `mesh`, in `w`, with `env`.
 fn start(w: &Netns, mesh: &Standalone, env: &[(String, String)]) -> Result<ChildGuard> {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -76,8 +85,10 @@ fn start(w: &Netns, mesh: &Standalone, env: &[(String, String)]) -> Result<Child
 }
 
 pub struct WaypointMesh {
-    // Fields drop in declaration order: the waypoint first, then the mesh.
+    // Fields drop in declaration order: the processes first, then the mesh.
     pub waypoint: ChildGuard,
+    /// B's HTTP server behind the Service's HTTP port.
+    http_server: ChildGuard,
     pub w: Netns,
     pub policies: PathBuf,
     /// The waypoint's extra environment, for restarts.
@@ -120,10 +131,7 @@ impl WaypointMesh {
             "via",
             B_WAYPOINT_LINK_IP,
         ])?;
-        let app = test_support::built_binary("e2e-app")?;
-        let mut cmd = mesh.b.command(app.to_str().context("path")?);
-        cmd.args(["http", "--listen", &format!("0.0.0.0:{HTTP_TARGET_PORT}")]);
-        let http = ChildGuard::spawn(&format!("http-{}", mesh.b.name()), cmd)?;
+        let http_server = start_http_server(&mesh.b, &[])?;
         let policies_path = mesh.dir.path().join("waypoint-policies.yaml");
         std::fs::write(&policies_path, policies)?;
         let mut env: Vec<(String, String)> = env
@@ -136,15 +144,22 @@ impl WaypointMesh {
         ));
         env.push(("GATEWAY_NAME".into(), "waypoint".into()));
         let waypoint = start(&w, &mesh, &env)?;
-        let mut mesh = mesh;
-        mesh.apps.push(http);
         Ok(WaypointMesh {
             waypoint,
+            http_server,
             w,
             policies: policies_path,
             env,
             mesh,
         })
+    }
+
+    /// Replaces B's HTTP server with one started with `args` too (`e2e-app http`'s
+    /// options, e.g. `--body-bytes`).
+    pub fn restart_http_server(&mut self, args: &[&str]) -> Result<()> {
+        self.http_server.kill();
+        self.http_server = start_http_server(&self.mesh.b, args)?;
+        Ok(())
     }
 
     /// Kills the waypoint (as a crashed pod) and starts it again; returns once the

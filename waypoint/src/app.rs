@@ -6,10 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared_types::duration::parse_duration;
-
 use anyhow::Context;
 use futures::FutureExt;
+use shared_types::duration::parse_duration;
 use shared_types::istio::xds::ROUTER_NODE;
 use tracing::{info, warn};
 use ztunnel::config::{Config, ProxyMode};
