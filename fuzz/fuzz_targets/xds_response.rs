@@ -3,9 +3,11 @@
 //! the response, or none for a refused type); a refused resource leaves what was held
 //! under its name as it was; and removing every held name empties the state.
 //!
+//! The client is a waypoint's, so it holds the waypoint's policy type too.
+//!
 //! Input: byte 0 picks the shape. Even: the rest is one resource body under the
-//! name "r", as an Address (byte 0 < 128) or an Authorization. Odd: the rest is a
-//! whole `DeltaDiscoveryResponse`.
+//! name "r", as an Address (byte 0 < 86), an Authorization (< 172) or a waypoint
+//! policy. Odd: the rest is a whole `DeltaDiscoveryResponse`.
 
 #![no_main]
 
@@ -14,7 +16,8 @@ use prost::Message;
 use shared_types::istio::xds::{
     resource, Any, DeltaDiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
-use ztunnel::discovery::xds::Resources;
+use shared_types::waypoint::WAYPOINT_POLICY_TYPE_URL;
+use ztunnel::discovery::xds::{Resources, WAYPOINT_TYPES};
 
 fn one_resource(type_url: &str, body: &[u8]) -> DeltaDiscoveryResponse {
     DeltaDiscoveryResponse {
@@ -35,10 +38,10 @@ fn one_resource(type_url: &str, body: &[u8]) -> DeltaDiscoveryResponse {
 fuzz_target!(|input: &[u8]| {
     let [shape, bytes @ ..] = input else { return };
     let response = if shape % 2 == 0 {
-        let type_url = if *shape < 128 {
-            ADDRESS_TYPE_URL
-        } else {
-            AUTHORIZATION_TYPE_URL
+        let type_url = match *shape {
+            0..86 => ADDRESS_TYPE_URL,
+            86..172 => AUTHORIZATION_TYPE_URL,
+            _ => WAYPOINT_POLICY_TYPE_URL,
         };
         one_resource(type_url, bytes)
     } else {
@@ -48,7 +51,7 @@ fuzz_target!(|input: &[u8]| {
         }
     };
 
-    let mut resources = Resources::default();
+    let mut resources = Resources::new(&WAYPOINT_TYPES);
     let before = resources.versions(&response.type_url);
     let names: Vec<String> = response.resources.iter().map(|r| r.name.clone()).collect();
     let removed = response.removed_resources.clone();
@@ -81,5 +84,9 @@ fuzz_target!(|input: &[u8]| {
         resources.state().counts(),
         (0, 0, 0),
         "removing every name left state behind"
+    );
+    assert!(
+        resources.state().waypoint_policies().next().is_none(),
+        "removing every name left a waypoint policy behind"
     );
 });
