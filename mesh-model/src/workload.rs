@@ -275,6 +275,16 @@ impl Default for Workload {
 }
 
 impl Workload {
+    /// Its address of one family (IPv4 when `ipv4`), else its first, if it has any:
+    /// where a connection of that family to it goes.
+    pub fn address_of_family(&self, ipv4: bool) -> Option<IpAddr> {
+        let ips = &self.workload_ips;
+        ips.iter()
+            .find(|ip| ip.is_ipv4() == ipv4)
+            .or(ips.first())
+            .copied()
+    }
+
     /// The SPIFFE identity the workload's certificate carries. Empty trust domain and
     /// service account mean Istio's defaults, as they do for xDS-delivered workloads.
     pub fn identity(&self) -> Identity {

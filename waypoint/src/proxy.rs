@@ -195,7 +195,8 @@ impl Waypoint {
                 info!(%authority, service = %service.key(), "no healthy endpoint");
                 return Err((StatusCode::SERVICE_UNAVAILABLE, "no_healthy_upstream"));
             };
-            let ip = same_family(&workload, authority)
+            let ip = workload
+                .address_of_family(authority.is_ipv4())
                 .ok_or((StatusCode::SERVICE_UNAVAILABLE, "no_healthy_upstream"))?;
             return Ok(Destination {
                 authority,
@@ -365,13 +366,4 @@ impl Waypoint {
         }
         result.record(copied.map(drop));
     }
-}
-
-/// `workload`'s address of `authority`'s family, else any of its addresses.
-fn same_family(workload: &Workload, authority: SocketAddr) -> Option<std::net::IpAddr> {
-    let ips = &workload.workload_ips;
-    ips.iter()
-        .find(|ip| ip.is_ipv4() == authority.is_ipv4())
-        .or(ips.first())
-        .copied()
 }

@@ -76,11 +76,7 @@ fn endpoint_ip(service: &Service, workload: &Workload, vip: IpAddr) -> Option<Ip
         Some(IpFamilies::IPv6) => false,
         Some(IpFamilies::Dual) | None => vip.is_ipv4(),
     };
-    let ips = &workload.workload_ips;
-    ips.iter()
-        .find(|ip| ip.is_ipv4() == v4)
-        .or(ips.first())
-        .copied()
+    workload.address_of_family(v4)
 }
 
 /// The next hop of an HBONE tunnel.
@@ -138,15 +134,7 @@ fn via_waypoint(
     }
     let reachable: Vec<(Arc<Workload>, IpAddr)> = instances
         .into_iter()
-        .filter_map(|w| {
-            let ips = &w.workload_ips;
-            let ip = ips
-                .iter()
-                .find(|ip| ip.is_ipv4() == dst.is_ipv4())
-                .or(ips.first())
-                .copied()?;
-            Some((w, ip))
-        })
+        .filter_map(|w| Some((w.clone(), w.address_of_family(dst.is_ipv4())?)))
         .collect();
     let Some((instance, ip)) = reachable.choose(&mut rand::rng()).cloned() else {
         return Some(Route::WaypointUnavailable {
