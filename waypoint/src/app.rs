@@ -10,6 +10,7 @@ use anyhow::Context;
 use futures::FutureExt;
 use shared_types::duration::parse_duration;
 use shared_types::istio::xds::ROUTER_NODE;
+use shared_types::waypoint::WaypointPolicy;
 use tracing::{info, warn};
 use ztunnel::config::{Config, ProxyMode};
 use ztunnel::metrics::Metrics;
@@ -93,9 +94,9 @@ pub async fn run(
                         return;
                     }
                 }
-                let first = compile(&state, &from_file, &waypoint);
-                *policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(first);
-                tokio::spawn(follow_policies(state, from_file, waypoint, policies));
+                let mut follower = PolicyFollower::new(state, from_file, waypoint, policies);
+                follower.refresh();
+                tokio::spawn(follower.run());
                 proxy.run(listener).await
             });
             Ok(())
@@ -112,9 +113,13 @@ pub async fn run(
 
 /// The policies of this waypoint now: those of the file, and those discovery holds
 /// (istiod-lite's waypoint policies over xDS).
-fn compile(state: &StateStore, from_file: &[Policy], waypoint: &WaypointRef) -> Policies {
+fn compile(
+    discovered: &[Arc<WaypointPolicy>],
+    from_file: &[Policy],
+    waypoint: &WaypointRef,
+) -> Policies {
     let mut all = from_file.to_vec();
-    for p in state.snapshot().waypoint_policies() {
+    for p in discovered {
         match Policy::from_json(p.namespace.clone(), p.name.clone(), &p.spec_json) {
             Ok(policy) => all.push(policy),
             Err(e) => {
@@ -126,25 +131,60 @@ fn compile(state: &StateStore, from_file: &[Policy], waypoint: &WaypointRef) -> 
     Policies::for_waypoint(all, waypoint)
 }
 
-/// Recompiles `shared` whenever discovery changes, until the state store is dropped.
-async fn follow_policies(
+/// Keeps the shared policies in step with discovery's waypoint policies: recompiled
+/// when those change, not at every other push (workloads and services come and go far
+/// more often).
+struct PolicyFollower {
     state: StateStore,
+    changes: tokio::sync::watch::Receiver<u64>,
     from_file: Vec<Policy>,
     waypoint: WaypointRef,
     shared: SharedPolicies,
-) {
-    let mut changes = state.subscribe();
-    let mut last = None;
-    loop {
-        let policies = compile(&state, &from_file, &waypoint);
-        if last != Some(policies.len()) {
-            let gateway = format!("{}/{}", waypoint.namespace, waypoint.name);
-            info!(%gateway, policies = policies.len(), "waypoint policies in force");
-            last = Some(policies.len());
+    /// The discovered policies compiled last, held so their addresses identify them (an
+    /// unchanged one keeps its `Arc` from one snapshot to the next; a held one cannot
+    /// be freed and its address reused by another).
+    compiled: Option<Vec<Arc<WaypointPolicy>>>,
+}
+
+impl PolicyFollower {
+    fn new(
+        state: StateStore,
+        from_file: Vec<Policy>,
+        waypoint: WaypointRef,
+        shared: SharedPolicies,
+    ) -> Self {
+        PolicyFollower {
+            changes: state.subscribe(),
+            state,
+            from_file,
+            waypoint,
+            shared,
+            compiled: None,
         }
-        *shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
-        if changes.changed().await.is_err() {
+    }
+
+    /// Recompiles if discovery's policies changed since the last time.
+    fn refresh(&mut self) {
+        let mut current: Vec<Arc<WaypointPolicy>> =
+            self.state.snapshot().waypoint_policies().cloned().collect();
+        current.sort_unstable_by_key(|p| Arc::as_ptr(p) as usize);
+        let unchanged = self.compiled.as_ref().is_some_and(|last| {
+            last.len() == current.len() && last.iter().zip(&current).all(|(a, b)| Arc::ptr_eq(a, b))
+        });
+        if unchanged {
             return;
+        }
+        let policies = compile(&current, &self.from_file, &self.waypoint);
+        let gateway = format!("{}/{}", self.waypoint.namespace, self.waypoint.name);
+        info!(%gateway, policies = policies.len(), "waypoint policies in force");
+        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        self.compiled = Some(current);
+    }
+
+    /// Refreshes after every change, until the state store is dropped.
+    async fn run(mut self) {
+        while self.changes.changed().await.is_ok() {
+            self.refresh();
         }
     }
 }

@@ -105,7 +105,6 @@ impl HttpProxy {
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
         let request_bytes = head_size(&request) + request.body().size_hint().lower();
-        let principal = self.peer.identity.to_uri();
         let host = request
             .headers()
             .get(http::header::HOST)
@@ -113,7 +112,7 @@ impl HttpProxy {
             .or_else(|| request.uri().authority().map(|a| a.as_str()))
             .unwrap_or_default()
             .to_owned();
-        let mut attrs = self.waypoint.attributes(&self.peer, &self.dst, &principal);
+        let mut attrs = self.waypoint.attributes(&self.peer, &self.dst);
         attrs.http = Some(HttpAttributes {
             method: method.as_str(),
             path: &path,

@@ -381,10 +381,13 @@ fn source_matches(from: &From, attrs: &Attributes) -> bool {
         .source_principal
         .map(|p| p.strip_prefix("spiffe://").unwrap_or(p));
     let namespace = principal.and_then(principal_namespace);
-    let service_account = principal.and_then(|p| {
-        let (ns, sa) = (principal_namespace(p)?, p.rsplit_once("/sa/")?.1);
-        Some(format!("{ns}/{sa}"))
-    });
+    // `namespace/account`, built only for a rule that names service accounts.
+    let service_account = || {
+        principal.and_then(|p| {
+            let (ns, sa) = (principal_namespace(p)?, p.rsplit_once("/sa/")?.1);
+            Some(format!("{ns}/{sa}"))
+        })
+    };
     let has = |value: Option<&str>, pattern: &str| value.is_some_and(|v| glob(pattern, v));
     both(list(&s.principals), list(&s.not_principals), |p| {
         has(principal, p)
@@ -393,7 +396,7 @@ fn source_matches(from: &From, attrs: &Attributes) -> bool {
     }) && both(
         list(&s.service_accounts),
         list(&s.not_service_accounts),
-        |sa| has(service_account.as_deref(), sa),
+        |sa| has(service_account().as_deref(), sa),
     ) && both(list(&s.ip_blocks), list(&s.not_ip_blocks), |b| {
         in_block(b, attrs.source_ip)
     }) && both(

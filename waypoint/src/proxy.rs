@@ -60,6 +60,8 @@ pub struct Waypoint {
 pub(crate) struct Peer {
     pub addr: SocketAddr,
     pub identity: Identity,
+    /// `identity` as a SPIFFE URI, once per connection rather than per request.
+    pub principal: String,
 }
 
 /// Where one CONNECT goes.
@@ -122,6 +124,7 @@ impl Waypoint {
         };
         let peer = Peer {
             addr: socket::to_canonical(addr),
+            principal: identity.to_uri(),
             identity,
         };
         let this = self.clone();
@@ -294,14 +297,9 @@ impl Waypoint {
             .mutual_tls()
     }
 
-    pub(crate) fn attributes<'a>(
-        &self,
-        peer: &'a Peer,
-        dst: &'a Destination,
-        principal: &'a str,
-    ) -> Attributes<'a> {
+    pub(crate) fn attributes<'a>(&self, peer: &'a Peer, dst: &'a Destination) -> Attributes<'a> {
         Attributes {
-            source_principal: Some(principal),
+            source_principal: Some(&peer.principal),
             source_ip: peer.addr.ip(),
             destination_ip: dst.authority.ip(),
             destination_port: dst.authority.port(),
@@ -332,10 +330,7 @@ impl Waypoint {
             source.as_deref(),
             Some(&dst.workload),
         );
-        let principal = peer.identity.to_uri();
-        let decision = self
-            .policies()
-            .evaluate(&self.attributes(&peer, &dst, &principal));
+        let decision = self.policies().evaluate(&self.attributes(&peer, &dst));
         if let Decision::Deny { policy } = decision {
             info!(src = %peer.identity, dst = %dst.authority, ?policy, "connection denied by policy");
             metrics.error("policy_denied");
