@@ -31,13 +31,18 @@ struct Args {
     /// A short run (under 3 minutes) to check the benchmark itself works.
     #[arg(long)]
     quick: bool,
-    /// Where every raw sample goes.
+    /// Where every figure and raw sample goes: rows of the same name are replaced,
+    /// others kept, so a run of some sections updates only theirs.
     #[arg(long, default_value = "bench/results.json")]
     out: PathBuf,
-    /// Run only these sections (comma-separated or repeated; default: all but
-    /// `callgrind`). Only `ca` and `xds` run without root.
+    /// Run only these sections (comma-separated or repeated; default: all).
+    /// Only `ca` and `xds` run without root.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Section>,
+    /// Fail if an exact figure (callgrind's instruction counts) is more than 5 % above
+    /// its row in this file (CI: the committed `bench/results.json`).
+    #[arg(long)]
+    gate: Option<PathBuf>,
 }
 
 /// The sections, in the order they run.
@@ -60,8 +65,8 @@ enum Section {
     Ca,
     /// istiod-lite's delta xDS: a large mesh, hundreds of ztunnel streams.
     Xds,
-    /// Instructions per byte through one HBONE hop, both ztunnels under callgrind
-    /// (needs valgrind; only when asked for).
+    /// Instructions per byte, per round trip and per new connection through one HBONE
+    /// hop, both ztunnels under callgrind (valgrind): exact, so CI gates on them.
     Callgrind,
     /// The growth figures of the last `make soak` (read, not run).
     Soak,
@@ -70,11 +75,6 @@ enum Section {
 impl Section {
     fn needs_root(self) -> bool {
         !matches!(self, Section::Ca | Section::Xds | Section::Soak)
-    }
-
-    /// Whether a run without `--only` includes it.
-    fn by_default(self) -> bool {
-        self != Section::Callgrind
     }
 
     fn run(self, plan: &Plan) -> Result<Vec<Figure>> {
@@ -118,7 +118,6 @@ pub struct Plan {
     xds_changes: usize,
     /// ztunnel clients of the two replicas in the failover figure.
     xds_failover_clients: usize,
-    callgrind_mib: u64,
     /// The waypoint section: rounds over the three paths, and each path's paced and
     /// closed-loop windows per round.
     waypoint_rounds: usize,
@@ -131,13 +130,7 @@ fn main() -> Result<()> {
     let sections: Vec<Section> = Section::value_variants()
         .iter()
         .copied()
-        .filter(|s| {
-            if args.only.is_empty() {
-                s.by_default()
-            } else {
-                args.only.contains(s)
-            }
-        })
+        .filter(|s| args.only.is_empty() || args.only.contains(s))
         .collect();
     if sections.iter().any(|s| s.needs_root()) && !test_support::can_run_root_tests() {
         bail!("the benchmark builds network namespaces: run it as root");
@@ -164,7 +157,6 @@ fn main() -> Result<()> {
             xds_clients: 50,
             xds_changes: 3,
             xds_failover_clients: 20,
-            callgrind_mib: 8,
             waypoint_rounds: 1,
             waypoint_paced_secs: 3,
             waypoint_saturation_secs: 2,
@@ -191,7 +183,6 @@ fn main() -> Result<()> {
             xds_clients: 500,
             xds_changes: 20,
             xds_failover_clients: 50,
-            callgrind_mib: 64,
             waypoint_rounds: 3,
             waypoint_paced_secs: 10,
             waypoint_saturation_secs: 5,
@@ -210,13 +201,21 @@ fn main() -> Result<()> {
 
     report::print_table(&figures);
     eprintln!("(took {:.0} s)", started.elapsed().as_secs_f64());
-    if let Some(parent) = args.out.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&figures)?)?;
-    eprintln!("raw samples: {}", args.out.display());
+    // Judged against the baseline before this run's figures are written anywhere.
+    let regressions = match &args.gate {
+        Some(baseline) => report::gate(&figures, baseline)?,
+        None => Vec::new(),
+    };
+    report::merge_into(&args.out, &figures)?;
+    eprintln!("figures and raw samples: {}", args.out.display());
     // Every process the run started carries its owner marker: none may outlive it.
     let marker = test_support::owner::owner_marker();
     test_support::owner::check_no_leftovers(&marker, std::time::Duration::from_secs(3))?;
+    if !regressions.is_empty() {
+        bail!(
+            "regressions against the baseline:\n  {}",
+            regressions.join("\n  ")
+        );
+    }
     Ok(())
 }

@@ -332,6 +332,7 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
             goal,
             samples_direct: per_round(base, p),
             samples_mesh: per_round(over, p),
+            ..Figure::default()
         }
     };
     let rates =
@@ -370,6 +371,7 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
         goal: "0",
         samples_direct: failed(l4),
         samples_mesh: failed(waypoint),
+        ..Figure::default()
     };
 
     vec![

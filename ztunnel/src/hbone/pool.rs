@@ -210,7 +210,7 @@ impl Pool {
         if let Some(lease) = connections.iter().find_map(|c| c.try_acquire()) {
             return Ok((lease, false));
         }
-        let connection = self.open(&req.key, &req.expected_identities).await?;
+        let connection = Box::pin(self.open(&req.key, &req.expected_identities)).await?;
         let lease = connection
             .try_acquire()
             .ok_or(HboneError::Timeout("waiting for a stream slot"))?;
@@ -222,7 +222,7 @@ impl Pool {
     async fn open_into(&self, slot: &Slot, req: &ConnectRequest) -> Result<Lease, HboneError> {
         let mut connections = slot.connections.lock().await;
         connections.retain(|c| !c.is_closed());
-        let connection = self.open(&req.key, &req.expected_identities).await?;
+        let connection = Box::pin(self.open(&req.key, &req.expected_identities)).await?;
         let lease = connection
             .try_acquire()
             .ok_or(HboneError::Timeout("waiting for a stream slot"))?;
@@ -230,6 +230,9 @@ impl Pool {
         Ok(lease)
     }
 
+    /// A new connection: TCP, TLS and HTTP/2 handshakes. Callers box it: its state is
+    /// some 4 KiB, which every user connection's future would otherwise carry for its
+    /// whole life though only the first to a destination ever runs it.
     async fn open(
         &self,
         key: &PoolKey,

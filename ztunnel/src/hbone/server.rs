@@ -130,7 +130,9 @@ where
                         on_refused();
                         continue;
                     };
-                    let handling = handler(request, respond);
+                    // Boxed before it is wrapped and spawned, which would each move it:
+                    // a stream's handler is as large as a connection's (`proxy::accept_loop`).
+                    let handling = Box::pin(handler(request, respond));
                     tokio::spawn(async move {
                         handling.await;
                         drop(permit);

@@ -18,6 +18,7 @@ use shared_types::constants::{
     ZTUNNEL_ADMIN_PORT, ZTUNNEL_METRICS_PORT, ZTUNNEL_READINESS_PORT,
 };
 
+use futures::future::Either;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -189,8 +190,12 @@ where
                     }
                 };
                 let span = tracing::debug_span!("conn", proxy = name, src = %peer);
+                // Boxed first: a connection's future is several KiB, and each wrapper
+                // below (span, worker count, drain, task tracker, spawn) would move all
+                // of it, some holding it twice (callgrind counted 300 KB copied per
+                // connection, and each idle connection held 60 KiB).
                 let connection = tracing::Instrument::instrument(
-                    handle(stream, crate::socket::to_canonical(peer)),
+                    Box::pin(handle(stream, crate::socket::to_canonical(peer))),
                     span,
                 );
                 drain.spawn_on(worker.counted(connection), worker.runtime());
@@ -219,16 +224,14 @@ pub async fn accept_redirected<P, F>(
     F: std::future::Future<Output = ()> + Send + 'static,
 {
     accept_loop(listener, drain, name, move |stream, peer| {
-        let proxied =
-            crate::socket::original_dst(&stream).map(|target| proxy(stream, peer, target));
-        let metrics = metrics.clone();
-        async move {
-            match proxied {
-                Ok(proxied) => proxied.await,
-                Err(e) => {
-                    warn!(error = %e, "no original destination (connection was not redirected)");
-                    metrics.error("no_original_destination");
-                }
+        // `Either`, not an async block holding the proxy's future: that would store it
+        // twice (as the block's capture and as what it awaits).
+        match crate::socket::original_dst(&stream) {
+            Ok(target) => Either::Left(proxy(stream, peer, target)),
+            Err(e) => {
+                warn!(error = %e, "no original destination (connection was not redirected)");
+                metrics.error("no_original_destination");
+                Either::Right(std::future::ready(()))
             }
         }
     })
