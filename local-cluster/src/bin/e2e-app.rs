@@ -486,14 +486,56 @@ fn get(url: &str) -> Result<()> {
 }
 
 fn http_server(listen: SocketAddr, body_bytes: Option<usize>) -> Result<()> {
-    use http_body_util::Full;
+    use http_body_util::{BodyExt, Full};
     use hyper::body::Incoming;
-    use hyper_util::rt::TokioIo;
 
     if let Some(n) = body_bytes {
-        return fixed_http_server(listen, bytes::Bytes::from(vec![b'x'; n]));
+        // `--body-bytes`: each request is read to its end, then answered 200 with
+        // `n` bytes.
+        let body = bytes::Bytes::from(vec![b'x'; n]);
+        return serve_http1(listen, move |_| {
+            let body = body.clone();
+            hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+                let body = body.clone();
+                async move {
+                    request.into_body().collect().await?;
+                    Ok::<_, hyper::Error>(hyper::Response::new(Full::new(body)))
+                }
+            })
+        });
     }
+    serve_http1(listen, |peer: SocketAddr| {
+        hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let headers: serde_json::Map<String, serde_json::Value> = request
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+                .collect();
+            let answer = serde_json::json!({
+                "method": request.method().as_str(),
+                "path": request.uri().path(),
+                "peer": peer.to_string(),
+                "headers": headers,
+            });
+            let body = Full::new(bytes::Bytes::from(answer.to_string()));
+            async move { Ok::<_, std::convert::Infallible>(hyper::Response::new(body)) }
+        })
+    })
+}
 
+/// Serves HTTP/1.1 on `listen` from one thread, each connection with the service
+/// `service` makes for its peer.
+fn serve_http1<S, E>(listen: SocketAddr, service: impl Fn(SocketAddr) -> S) -> Result<()>
+where
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<http_body_util::Full<bytes::Bytes>>,
+            Error = E,
+        > + Send
+        + 'static,
+    S::Future: Send,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -501,56 +543,10 @@ fn http_server(listen: SocketAddr, body_bytes: Option<usize>) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         loop {
             let (stream, peer) = listener.accept().await?;
-            let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-                let headers: serde_json::Map<String, serde_json::Value> = request
-                    .headers()
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
-                    .collect();
-                let answer = serde_json::json!({
-                    "method": request.method().as_str(),
-                    "path": request.uri().path(),
-                    "peer": peer.to_string(),
-                    "headers": headers,
-                });
-                let body = Full::new(bytes::Bytes::from(answer.to_string()));
-                async move { Ok::<_, std::convert::Infallible>(hyper::Response::new(body)) }
-            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service(peer));
             tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    })
-}
-
-/// `e2e-app http --body-bytes`: each request is read to its end, then answered 200
-/// with `body`.
-fn fixed_http_server(listen: SocketAddr, body: bytes::Bytes) -> Result<()> {
-    use http_body_util::{BodyExt, Full};
-    use hyper::body::Incoming;
-    use hyper_util::rt::TokioIo;
-
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen).await?;
-        loop {
-            let (stream, _) = listener.accept().await?;
-            let body = body.clone();
-            let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-                let body = body.clone();
-                async move {
-                    request.into_body().collect().await?;
-                    Ok::<_, hyper::Error>(hyper::Response::new(Full::new(body)))
-                }
-            });
-            tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let _ = connection.await;
             });
         }
     })
