@@ -183,10 +183,39 @@ impl Standalone {
         self.set_config(&local_config(policies))
     }
 
-    /// Replaces the whole local config (both ztunnels read it), write-then-rename.
+    /// Replaces the whole local config (both ztunnels read it), write-then-rename, and
+    /// returns once both have read it (valid or not): a test that sends next is routed
+    /// by the new config, not racing the file watch.
     pub fn set_config(&self, yaml: &str) -> Result<()> {
+        if std::fs::read(&self.config).is_ok_and(|current| current == yaml.as_bytes()) {
+            return Ok(()); // nothing to reload
+        }
+        let before = self.config_loads()?;
         mesh_runtime::fs::write_atomic(&self.config, yaml.as_bytes(), 0o644)?;
-        Ok(())
+        wait_for(
+            "both ztunnels to read the new local config",
+            Duration::from_secs(10),
+            || {
+                let now = self.config_loads().ok()?;
+                (now[0] > before[0] && now[1] > before[1]).then_some(())
+            },
+        )
+    }
+
+    /// How many times each ztunnel (A, B) has read the local config, whether it took
+    /// it or refused it.
+    fn config_loads(&self) -> Result<[f64; 2]> {
+        let loads = |ns: &Netns| -> Result<f64> {
+            let metrics = mesh::ztunnel_metrics(ns)?;
+            Ok([
+                "ztunnel_local_config_reloads_total",
+                "ztunnel_local_config_errors_total",
+            ]
+            .iter()
+            .map(|name| mesh::metric_sum(&metrics, name, &[]))
+            .sum())
+        };
+        Ok([loads(&self.a)?, loads(&self.b)?])
     }
 }
 
