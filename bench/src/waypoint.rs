@@ -1,11 +1,13 @@
 //! The L7 waypoint (`local_cluster::waypoint`): HTTP/1.1 GETs answered with 1 KiB,
-//! from VM A to VM B's server over three paths side by side in one topology, round
+//! from VM A to VM B's server over four paths side by side in one topology, round
 //! by round: (a) direct (a port A's capture skips), (b) the L4 mesh (A's ztunnel to
-//! B's ztunnel, the Service not bound to the waypoint) and (c) through the waypoint
-//! (A's ztunnel -> waypoint -> B's ztunnel). For each: latency at a paced 1000 req/s
-//! and the rate at saturation; the waypoint's CPU per 1000 req/s and its RSS idle and
-//! under load. The same namespaces switch between (b) and (c) by rewriting the local
-//! config, as a user binds a Service with `istio.io/use-waypoint`.
+//! B's ztunnel, the Service not bound to the waypoint), (c) through the waypoint
+//! (A's ztunnel -> waypoint -> B's ztunnel) and (d) through the waypoint with an
+//! HTTPRoute: two rules, the request taking a 90/10 split between two Services. For
+//! each: latency at a paced 1000 req/s and the rate at saturation; the waypoint's CPU
+//! per 1000 req/s and its RSS idle and under load. The same namespaces switch between
+//! (b) and (c) by rewriting the local config, as a user binds a Service with
+//! `istio.io/use-waypoint`, and between (c) and (d) by applying the route.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +16,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use local_cluster::mesh::{metric_sum, ztunnel_metrics};
 use local_cluster::standalone::SERVER_IP;
-use local_cluster::waypoint::{waypoint_config, WaypointMesh, HTTP_TARGET_PORT};
+use local_cluster::waypoint::{waypoint_config, WaypointMesh, HTTP_TARGET_PORT, VERSIONS};
 use test_support::poll::wait_for;
 use test_support::process::ChildGuard;
 use test_support::procfs::{clock_ticks, cpu_ticks, rss_kib};
@@ -57,11 +59,26 @@ spec:
     to: [{operation: {methods: [GET, HEAD]}}]
 "#;
 
+/// The routed path's HTTPRoute: a header-matched rule the load does not take, then
+/// the 90/10 split it does (echo-v1 and echo-v2, servers like the Service's).
+const ROUTE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: split, namespace: vms}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 8080}]
+  rules:
+  - matches: [{headers: [{name: x-canary, value: "yes"}]}]
+    backendRefs: [{name: echo-v2, port: 8080}]
+  - backendRefs: [{name: echo-v1, port: 8080, weight: 90}, {name: echo-v2, port: 8080, weight: 10}]
+"#;
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Path {
     Direct,
     L4,
     Waypoint,
+    Routed,
 }
 
 /// One load window on one path, and what the proxies spent meanwhile.
@@ -90,22 +107,31 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
     route(&wp, true)?;
     check_direct_is_not_captured(&wp)?;
 
-    let mut runs: [PathRuns; 3] = Default::default();
-    let mut through_waypoint = true;
+    let mut runs: [PathRuns; 4] = Default::default();
+    let (mut through_waypoint, mut routed) = (true, false);
     for round in 0..plan.waypoint_rounds {
-        // The two mesh paths in turns, so one switch of the config per round.
+        // The mesh paths in turns, so few switches of the config per round.
         let order = if round % 2 == 0 {
-            [Path::Direct, Path::Waypoint, Path::L4]
+            [Path::Direct, Path::Routed, Path::Waypoint, Path::L4]
         } else {
-            [Path::Direct, Path::L4, Path::Waypoint]
+            [Path::Direct, Path::L4, Path::Waypoint, Path::Routed]
         };
         for path in order {
             if path != Path::Direct {
-                let want = path == Path::Waypoint;
+                let want = path != Path::L4;
                 if want != through_waypoint {
                     route(&wp, want)?;
                     through_waypoint = want;
                 }
+            }
+            if matches!(path, Path::Waypoint | Path::Routed) && routed != (path == Path::Routed) {
+                routed = path == Path::Routed;
+                let objects = if routed {
+                    format!("{POLICIES}---{ROUTE}")
+                } else {
+                    POLICIES.to_owned()
+                };
+                wp.set_objects(&objects)?;
             }
             eprintln!(
                 "waypoint: round {}/{}, {path:?}: {} s at {PACED_RATE} req/s, {} s closed loop...",
@@ -143,13 +169,15 @@ pub fn run(plan: &Plan) -> Result<Vec<Figure>> {
 fn fixed_size_servers(wp: &mut WaypointMesh) -> Result<()> {
     let body_bytes = BODY_BYTES.to_string();
     wp.restart_http_server(&["--body-bytes", &body_bytes])?;
+    wp.start_versions(&["--body-bytes", &body_bytes])?;
     let app = test_support::built_binary("e2e-app")?;
     let mut cmd = wp.mesh.b.command(app.to_str().context("path")?);
     cmd.args(["http", "--listen", &format!("0.0.0.0:{DIRECT_HTTP_PORT}")]);
     cmd.args(["--body-bytes", &body_bytes]);
     let direct = ChildGuard::spawn(&format!("http{DIRECT_HTTP_PORT}-{}", wp.mesh.b.name()), cmd)?;
     wp.mesh.apps.push(direct);
-    for port in [HTTP_TARGET_PORT, DIRECT_HTTP_PORT] {
+    let versions = VERSIONS.map(|(_, _, port)| port);
+    for port in [HTTP_TARGET_PORT, DIRECT_HTTP_PORT, versions[0], versions[1]] {
         let addr: SocketAddr = format!("{SERVER_IP}:{port}").parse()?;
         // From B itself: no capture there.
         wait_for(
@@ -280,8 +308,9 @@ fn window(
     })
 }
 
-fn warn_about_failures(runs: &[PathRuns; 3]) {
-    for (path, run) in [Path::Direct, Path::L4, Path::Waypoint].iter().zip(runs) {
+fn warn_about_failures(runs: &[PathRuns; 4]) {
+    let paths = [Path::Direct, Path::L4, Path::Waypoint, Path::Routed];
+    for (path, run) in paths.iter().zip(runs) {
         for (kind, windows) in [("paced", &run.paced), ("closed-loop", &run.saturated)] {
             let failed: u64 = windows.iter().map(|w| w.outcome.failed).sum();
             let queued: u64 = windows.iter().map(|w| w.outcome.queued).sum();
@@ -303,8 +332,8 @@ fn warn_about_failures(runs: &[PathRuns; 3]) {
     }
 }
 
-fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
-    let [direct, l4, waypoint] = runs;
+fn figures(runs: &[PathRuns; 4], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
+    let [direct, l4, waypoint, routed] = runs;
     // Percentiles over every paced request of a path; the JSON keeps each round's.
     let pooled = |run: &PathRuns, p: f64| {
         let all: Vec<f64> = run
@@ -361,16 +390,14 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
             .map(|w| w.outcome.failed as f64)
             .collect()
     };
-    let failures = Figure {
-        name: "waypoint: failed requests (vs L4)".to_owned(),
+    let failures = |name: &str, base: Option<&PathRuns>, over: &PathRuns| Figure {
+        name: name.to_owned(),
         unit: "requests",
-        direct: Some(failed(l4).iter().sum()),
-        mesh: failed(waypoint).iter().sum(),
-        ratio: None,
-        ratio_kind: "",
+        direct: base.map(|b| failed(b).iter().sum()),
+        mesh: failed(over).iter().sum(),
         goal: "0",
-        samples_direct: failed(l4),
-        samples_mesh: failed(waypoint),
+        samples_direct: base.map(failed).unwrap_or_default(),
+        samples_mesh: failed(over),
         ..Figure::default()
     };
 
@@ -466,7 +493,22 @@ fn figures(runs: &[PathRuns; 3], rss_idle: u64, rss_after: u64) -> Vec<Figure> {
             "<= 40 MiB",
         ),
         single("waypoint: RSS after the load", "MiB", mib(rss_after), ""),
-        failures,
+        failures("waypoint: failed requests (vs L4)", Some(l4), waypoint),
+        added(
+            "waypoint: routed 90/10 added p50 (vs waypoint)",
+            waypoint,
+            routed,
+            0.5,
+            "<= +20 µs (issue 38)",
+        ),
+        ratio(
+            "waypoint: routed 90/10 CPU per 1000 req/s / wp",
+            "vCPU",
+            per_1000(&waypoint.paced, &waypoint_ticks),
+            per_1000(&routed.paced, &waypoint_ticks),
+            "<= 1.10 (issue 38)",
+        ),
+        failures("waypoint: routed 90/10, failed requests", None, routed),
     ]
 }
 

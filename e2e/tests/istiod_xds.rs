@@ -245,6 +245,21 @@ impl Fixture {
 
     /// A ztunnel xDS client; `on_demand`: Some(network) for `XDS_ON_DEMAND`.
     fn ztunnel_with(&self, token: String, on_demand: Option<String>) -> StateStore {
+        self.client(token, on_demand, "ztunnel", &client::TYPES)
+    }
+
+    /// An xDS client subscribing to what a waypoint does (its policies and routes too).
+    fn waypoint(&self, token: String) -> StateStore {
+        self.client(token, None, "router", &client::WAYPOINT_TYPES)
+    }
+
+    fn client(
+        &self,
+        token: String,
+        on_demand: Option<String>,
+        node_type: &'static str,
+        types: &'static [&'static str],
+    ) -> StateStore {
         let store = StateStore::new();
         let config = XdsConfig {
             control_plane: ControlPlaneConfig {
@@ -257,7 +272,7 @@ impl Fixture {
                 packet_mark: 0,
             },
             node: NodeIdentity {
-                node_type: "ztunnel",
+                node_type,
                 pod_name: "ztunnel-1".into(),
                 pod_namespace: "istio-system".into(),
                 instance_ip: "10.0.0.7".into(),
@@ -266,7 +281,7 @@ impl Fixture {
                 extra_metadata: vec![],
             },
             on_demand,
-            types: &client::TYPES,
+            types,
         };
         client::start(
             config,
@@ -776,4 +791,182 @@ fn lookup(key: &str) -> DeltaDiscoveryRequest {
         resource_names_subscribe: vec![key.into()],
         ..Default::default()
     }
+}
+
+/// GAMMA end to end: HTTPRoutes bound to a Service, applied to the API server, reach a
+/// waypoint-typed xDS client as `WaypointRoute`s (the model publishing into the served
+/// store), and the leader's status writer gives each route istiod's `status.parents`.
+#[tokio::test]
+async fn gamma_routes_reach_a_waypoint_and_get_their_status() {
+    use istiod_lite::kube::route_status;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::DynamicObject;
+    use kube::ResourceExt;
+
+    let f = start().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(f.client.clone());
+    for crd in test_support::crds::shipped().expect("the shipped CRDs") {
+        crds.create(&PostParams::default(), &object(crd))
+            .await
+            .expect("create a CRD");
+    }
+    for name in ["web", "web-v2"] {
+        Api::<Service>::namespaced(f.client.clone(), "app")
+            .create(
+                &PostParams::default(),
+                &object(json!({
+                    "metadata": {"name": name, "namespace": "app"},
+                    "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80}]},
+                })),
+            )
+            .await
+            .unwrap();
+    }
+    let http_routes = Api::<DynamicObject>::namespaced_with(
+        f.client.clone(),
+        "app",
+        &istiod_lite::model::routes::ROUTE_KINDS[0].resource(),
+    );
+    for (name, backend) in [("web", "web-v2"), ("broken", "missing")] {
+        let route = object(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": name, "namespace": "app"},
+            "spec": {
+                "parentRefs": [{"group": "", "kind": "Service", "name": "web", "port": 80}],
+                "rules": [{
+                    "matches": [{"path": {"type": "PathPrefix", "value": "/v2"}}],
+                    "backendRefs": [{"name": backend, "port": 80}],
+                }],
+            },
+        }));
+        http_routes
+            .create(&PostParams::default(), &route)
+            .await
+            .expect("create the HTTPRoute");
+    }
+
+    // The model, serving the routes from the fixture's store; the status writer, as
+    // the leader runs it.
+    model::start(
+        f.client.clone(),
+        model::Options::default(),
+        f.store.clone(),
+        PodIndex::default(),
+        f.cancel.clone(),
+    );
+    tokio::spawn(route_status::run(
+        f.client.clone(),
+        TD.into(),
+        f.cancel.clone(),
+    ));
+
+    let waypoint = f.waypoint(f.ztunnel_token().await);
+    eventually("the waypoint holds both routes", WAIT, || {
+        let mut keys: Vec<String> = waypoint
+            .snapshot()
+            .waypoint_routes()
+            .map(|r| r.key())
+            .collect();
+        keys.sort();
+        keys == ["HTTPRoute/app/broken", "HTTPRoute/app/web"]
+    })
+    .await;
+    let snapshot = waypoint.snapshot();
+    let web = snapshot
+        .waypoint_routes()
+        .find(|r| r.name == "web")
+        .unwrap();
+    let spec: serde_json::Value = serde_json::from_str(&web.spec_json).unwrap();
+    assert_eq!(spec["rules"][0]["backendRefs"][0]["name"], "web-v2");
+    assert_eq!(web.generation, 1);
+    assert!(!web.created.is_empty());
+
+    // (type, status, reason) of each condition of the route's one parent.
+    let conditions = |route: &DynamicObject| -> Vec<(String, String, String)> {
+        route.data["status"]["parents"][0]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                (s("type"), s("status"), s("reason"))
+            })
+            .collect()
+    };
+    let expect = |rows: [(&str, &str, &str); 2]| -> Vec<(String, String, String)> {
+        rows.iter()
+            .map(|(t, s, r)| (t.to_string(), s.to_string(), r.to_string()))
+            .collect()
+    };
+    for (name, want) in [
+        (
+            "web",
+            expect([
+                ("Accepted", "True", "Accepted"),
+                ("ResolvedRefs", "True", "ResolvedRefs"),
+            ]),
+        ),
+        (
+            "broken",
+            expect([
+                ("Accepted", "True", "Accepted"),
+                ("ResolvedRefs", "False", "BackendNotFound"),
+            ]),
+        ),
+    ] {
+        let mut last = Vec::new();
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                let route = http_routes.get(name).await.unwrap();
+                last = conditions(&route);
+                if last == want {
+                    return route;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let route = found.unwrap_or_else(|_| panic!("{name}: status {last:?}, want {want:?}"));
+        let parent = &route.data["status"]["parents"][0];
+        assert_eq!(parent["controllerName"], "istio.io/gateway-controller");
+        assert_eq!(parent["parentRef"]["name"], "web");
+        assert!(parent["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["observedGeneration"] == 1 && c["lastTransitionTime"].is_string()));
+    }
+
+    // The missing backend appears: the broken route's refs resolve.
+    Api::<Service>::namespaced(f.client.clone(), "app")
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "metadata": {"name": "missing", "namespace": "app"},
+                "spec": {"ports": [{"name": "http", "port": 80}]},
+            })),
+        )
+        .await
+        .unwrap();
+    let resolved = tokio::time::timeout(WAIT, async {
+        loop {
+            let route = http_routes.get("broken").await.unwrap();
+            if conditions(&route).get(1).is_some_and(|c| c.1 == "True") {
+                return route;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the broken route's refs resolve once its backend exists");
+    let version = resolved.resource_version();
+    // Nothing changes after that: no write loop.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        http_routes.get("broken").await.unwrap().resource_version(),
+        version,
+        "the status is not rewritten when nothing changed"
+    );
 }

@@ -3,11 +3,11 @@
 //! the response, or none for a refused type); a refused resource leaves what was held
 //! under its name as it was; and removing every held name empties the state.
 //!
-//! The client is a waypoint's, so it holds the waypoint's policy type too.
+//! The client is a waypoint's, so it holds the waypoint's policy and route types too.
 //!
 //! Input: byte 0 picks the shape. Even: the rest is one resource body under the
-//! name "r", as an Address (byte 0 < 86), an Authorization (< 172) or a waypoint
-//! policy. Odd: the rest is a whole `DeltaDiscoveryResponse`.
+//! name "r", as an Address (byte 0 < 86), an Authorization (< 172), a waypoint policy
+//! (< 214) or a waypoint route. Odd: the rest is a whole `DeltaDiscoveryResponse`.
 
 #![no_main]
 
@@ -16,7 +16,7 @@ use prost::Message;
 use shared_types::istio::xds::{
     resource, Any, DeltaDiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
-use shared_types::waypoint::WAYPOINT_POLICY_TYPE_URL;
+use shared_types::waypoint::{WAYPOINT_POLICY_TYPE_URL, WAYPOINT_ROUTE_TYPE_URL};
 use ztunnel::discovery::xds::{Resources, WAYPOINT_TYPES};
 
 fn one_resource(type_url: &str, body: &[u8]) -> DeltaDiscoveryResponse {
@@ -41,7 +41,8 @@ fuzz_target!(|input: &[u8]| {
         let type_url = match *shape {
             0..86 => ADDRESS_TYPE_URL,
             86..172 => AUTHORIZATION_TYPE_URL,
-            _ => WAYPOINT_POLICY_TYPE_URL,
+            172..214 => WAYPOINT_POLICY_TYPE_URL,
+            _ => WAYPOINT_ROUTE_TYPE_URL,
         };
         one_resource(type_url, bytes)
     } else {
@@ -88,5 +89,9 @@ fuzz_target!(|input: &[u8]| {
     assert!(
         resources.state().waypoint_policies().next().is_none(),
         "removing every name left a waypoint policy behind"
+    );
+    assert!(
+        resources.state().waypoint_routes().next().is_none(),
+        "removing every name left a waypoint route behind"
     );
 });

@@ -4,13 +4,22 @@
 //! (writing is Go's: an empty `omitempty` list reads back as absent, so the second
 //! writing, not the first reading, is what must agree).
 //!
-//! The parser is istioctl-lite's own module (a binary crate), compiled in here as is.
+//! A waypoint's routes (`waypointRoutes`) then go through `ztunnel-config route`'s
+//! view: every route is at least one row of eight single-line cells (a rule, or
+//! `INVALID` with the error), never a panic.
+//!
+//! The parser and the view are istioctl-lite's own modules (a binary crate),
+//! compiled in here as they are.
 
 #![no_main]
 
 #[path = "../../istioctl-lite/src/configdump.rs"]
 #[allow(dead_code)]
 mod configdump;
+
+#[path = "../../istioctl-lite/src/zroutes.rs"]
+#[allow(dead_code)]
+mod zroutes;
 
 use configdump::Dump;
 use libfuzzer_sys::fuzz_target;
@@ -20,6 +29,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let Ok(dump) = Dump::parse(text) else { return };
+    let rows = zroutes::rows(&dump.waypoint_routes);
+    assert!(rows.len() >= dump.waypoint_routes.len());
+    for row in &rows {
+        assert_eq!(row.len(), zroutes::HEADER.len());
+        assert!(row.iter().all(|cell| !cell.contains('\n')), "{row:?}");
+    }
     let written = serde_json::to_string(&dump).expect("a dump serializes");
     let again = Dump::parse(&written).expect("a written dump reads back");
     assert_eq!(serde_json::to_string(&again).expect("serializes"), written);

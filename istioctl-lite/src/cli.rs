@@ -254,6 +254,14 @@ pub enum ZtunnelConfigCommand {
     /// The authorization policies a ztunnel knows.
     #[command(visible_aliases = ["policies", "p", "pol"])]
     Policy(PolicyArgs),
+    /// The Gateway API routes (HTTPRoute, GRPCRoute, TCPRoute) a waypoint applies:
+    /// one row per rule, in the order the waypoint tries them for each Service, a
+    /// route that does not compile shown INVALID with its error. The pod is a
+    /// waypoint's (`<name>[.<namespace>]`, default namespace: the context's); its
+    /// admin port listens on localhost, so use --ztunnel-admin through a
+    /// port-forward, or -f.
+    #[command(visible_aliases = ["routes", "r"])]
+    Route(RouteArgs),
     /// Everything: every table, or with -o json|yaml the whole dump.
     All(DumpSource),
     /// The live connections of the pods a ztunnel serves.
@@ -330,6 +338,15 @@ pub struct PolicyArgs {
     /// Only policies in this namespace.
     #[arg(long, alias = "workload-namespace")]
     pub policy_namespace: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RouteArgs {
+    #[command(flatten)]
+    pub source: DumpSource,
+    /// Only routes in this namespace.
+    #[arg(long)]
+    pub route_namespace: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -4,6 +4,8 @@
 //! given as an array or as an object whose values are taken), and written back the
 //! way Go writes them (struct field order, `omitempty` where Istio has it, nil
 //! lists and maps as `null`). The same reader takes our ztunnel's dump and Istio's.
+//! A waypoint's dump (ztunnel's admin server) adds `waypointRoutes`, which Istio's
+//! has not: read when present, left out when written back empty.
 //!
 //! Self-contained (serde only) so the fuzz target compiles it as is.
 
@@ -34,6 +36,25 @@ pub struct Dump {
     pub certificates: Vec<CertsDump>,
     /// Pod uid -> state, as the in-pod workload manager reports it.
     pub workload_state: BTreeMap<String, WorkloadState>,
+    /// A waypoint's Gateway API routes (none in a ztunnel's dump, nor in Istio's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waypoint_routes: Vec<WaypointRoute>,
+}
+
+/// One route of a waypoint's `waypointRoutes` (ztunnel's `waypoint_sections`), its
+/// fields in the dump's (sorted) key order so that `-o json` writes it back as read.
+#[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct WaypointRoute {
+    pub creation_timestamp: String,
+    pub generation: i64,
+    /// `HTTPRoute`, `GRPCRoute` or `TCPRoute`.
+    pub kind: String,
+    pub name: String,
+    pub namespace: String,
+    /// The route's spec as Kubernetes stores it, compiled only when shown: a spec
+    /// the waypoint cannot compile is one invalid route, not an unreadable dump.
+    pub spec: Value,
 }
 
 /// A waypoint or network gateway: only where it is reached.
@@ -306,18 +327,46 @@ impl Dump {
         if let Some(state) = map.remove("workloadstate") {
             map.entry("workloadState").or_insert(state);
         }
-        for section in ["workloads", "services", "policies", "certificates"] {
+        for section in [
+            "workloads",
+            "services",
+            "policies",
+            "certificates",
+            "waypointRoutes",
+        ] {
             if let Some(v) = map.get_mut(section) {
                 as_list(v);
             }
         }
+        // Read on its own, so that an error names the entry.
+        let routes = map.remove("waypointRoutes").filter(|r| !r.is_null());
         drop_nulls(&mut value);
-        serde_json::from_value(value).map_err(|e| {
+        let unmarshal = |e: String| {
             DumpError(format!(
                 "error unmarshalling config dump response from ztunnel: {e}"
             ))
-        })
+        };
+        let mut dump: Dump = serde_json::from_value(value).map_err(|e| unmarshal(e.to_string()))?;
+        if let Some(mut routes) = routes {
+            drop_nulls(&mut routes);
+            dump.waypoint_routes = waypoint_routes(routes).map_err(unmarshal)?;
+        }
+        Ok(dump)
     }
+}
+
+/// The `waypointRoutes` section, an error naming the entry that is not a route.
+fn waypoint_routes(section: Value) -> Result<Vec<WaypointRoute>, String> {
+    let Value::Array(items) = section else {
+        return serde_json::from_value(section).map_err(|e| format!("waypointRoutes: {e}"));
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            serde_json::from_value(item).map_err(|e| format!("waypointRoutes[{i}]: {e}"))
+        })
+        .collect()
 }
 
 #[cfg(test)]

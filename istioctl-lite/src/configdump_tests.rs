@@ -269,3 +269,78 @@ fn parsing_is_lenient_as_go_but_types_must_match() {
     );
     assert!(Dump::parse(r#"{"workloads": [{"capacity": "one"}]}"#).is_err());
 }
+
+#[test]
+fn a_waypoints_routes_are_read_and_ztunnel_dumps_have_none() {
+    let waypoint = Dump::parse(&read("waypoint-dump.json")).unwrap();
+    let keys: Vec<String> = waypoint
+        .waypoint_routes
+        .iter()
+        .map(|r| format!("{}/{}/{}", r.kind, r.namespace, r.name))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "HTTPRoute/demo/broken",
+            "HTTPRoute/demo/reviews",
+            "TCPRoute/demo/db"
+        ]
+    );
+    let reviews = &waypoint.waypoint_routes[1];
+    assert_eq!(
+        (reviews.generation, reviews.creation_timestamp.as_str()),
+        (2, "2025-01-01T00:00:00Z")
+    );
+    assert_eq!(reviews.spec["rules"][0]["name"], "canary");
+    for name in ["istio-dump.json", "ztunnel-dump.json"] {
+        let dump = Dump::parse(&read(name)).unwrap();
+        assert!(dump.waypoint_routes.is_empty(), "{name}");
+        // Written back without the section, as before.
+        let written = serde_json::to_value(&dump).unwrap();
+        assert!(written.get("waypointRoutes").is_none(), "{name}");
+    }
+}
+
+#[test]
+fn route_entries_are_checked_one_by_one() {
+    // As the other list sections: an object's values, null as absent.
+    let d =
+        Dump::parse(r#"{"waypointRoutes": {"x": {"kind": "TCPRoute", "name": "db", "extra": 1}}}"#)
+            .unwrap();
+    assert_eq!(d.waypoint_routes[0].name, "db");
+    assert!(Dump::parse(r#"{"waypointRoutes": null}"#)
+        .unwrap()
+        .waypoint_routes
+        .is_empty());
+    // Any spec is read: whether it compiles is the view's to show.
+    let d = Dump::parse(r#"{"waypointRoutes": [{"kind": "Nope", "spec": "text"}]}"#).unwrap();
+    assert_eq!(d.waypoint_routes[0].spec, "text");
+    // A wrong type names the entry.
+    for (text, want) in [
+        (
+            r#"{"waypointRoutes": [{"name": "a"}, {"kind": 3}]}"#,
+            "waypointRoutes[1]: invalid type: integer `3`, expected a string",
+        ),
+        (
+            r#"{"waypointRoutes": [7]}"#,
+            "waypointRoutes[0]: invalid type",
+        ),
+        (
+            r#"{"waypointRoutes": "all"}"#,
+            "waypointRoutes: invalid type",
+        ),
+        (
+            r#"{"waypointRoutes": [{"generation": "2"}]}"#,
+            "waypointRoutes[0]: invalid type",
+        ),
+    ] {
+        let err = Dump::parse(text).unwrap_err().to_string();
+        assert!(
+            err.starts_with("error unmarshalling config dump response from ztunnel: ")
+                && err.contains(want),
+            "{text}: {err}"
+        );
+    }
+    // Every other section is still read as before.
+    assert!(Dump::parse(r#"{"waypointRoutes": [], "workloads": 3}"#).is_err());
+}

@@ -17,6 +17,7 @@ mod waypoint;
 mod xds;
 mod zfetch;
 mod zlog;
+mod zroutes;
 mod ztables;
 
 use clap::Parser;
@@ -82,6 +83,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 /// `ztunnel-config`: `log` talks to `/logging`; the rest read `/config_dump`.
 async fn ztunnel_config(g: &cli::Global, command: &ZtunnelConfigCommand) -> anyhow::Result<()> {
     use ztables::View;
+    let mut proxy = zfetch::Proxy::Ztunnel;
     let (source, view, single) = match command {
         ZtunnelConfigCommand::Log(args) => return zlog::run(g, args).await,
         ZtunnelConfigCommand::Workload(a) => (
@@ -108,6 +110,13 @@ async fn ztunnel_config(g: &cli::Global, command: &ZtunnelConfigCommand) -> anyh
             },
             false,
         ),
+        ZtunnelConfigCommand::Route(a) => {
+            proxy = zfetch::Proxy::Waypoint;
+            let view = View::Routes {
+                namespace: a.route_namespace.clone(),
+            };
+            (&a.source, view, true)
+        }
         ZtunnelConfigCommand::All(source) => (source, View::All, false),
         ZtunnelConfigCommand::Connections(a) => (
             &a.source,
@@ -119,7 +128,7 @@ async fn ztunnel_config(g: &cli::Global, command: &ZtunnelConfigCommand) -> anyh
             true,
         ),
     };
-    let raw = zfetch::load(g, source, single).await?;
+    let raw = zfetch::load(g, source, single, proxy).await?;
     let dump = configdump::Dump::parse(&raw)?;
     let now = time::OffsetDateTime::now_utc();
     print!("{}", ztables::render(&raw, &dump, &view, g.output, now)?);

@@ -9,7 +9,7 @@ use shared_types::istio::xds::{
     string_field, ClientConfig, ConfigStatus, Struct, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
     ROUTER_NODE, SYNCZ_TYPE_URL,
 };
-use shared_types::waypoint::WAYPOINT_POLICY_TYPE_URL;
+use shared_types::waypoint::{WAYPOINT_POLICY_TYPE_URL, WAYPOINT_ROUTE_TYPE_URL};
 
 use crate::cli::{Global, Output, ProxyStatusArgs};
 use crate::output::{print_structured, Table};
@@ -37,6 +37,9 @@ pub struct ProxySync {
     /// Only waypoints subscribe to their policies.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waypoint_policy: Option<TypeSync>,
+    /// Only waypoints subscribe to their routes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waypoint_route: Option<TypeSync>,
 }
 
 pub async fn run(global: &Global, args: &ProxyStatusArgs) -> Result<()> {
@@ -113,6 +116,7 @@ fn proxy_sync(config: &ClientConfig) -> ProxySync {
         address: of(ADDRESS_TYPE_URL),
         authorization: of(AUTHORIZATION_TYPE_URL),
         waypoint_policy: waypoint.then(|| of(WAYPOINT_POLICY_TYPE_URL)),
+        waypoint_route: waypoint.then(|| of(WAYPOINT_ROUTE_TYPE_URL)),
         name: node.id,
     }
 }
@@ -127,6 +131,7 @@ fn table(proxies: &[ProxySync]) -> String {
             "ADDRESS",
             "AUTHORIZATION",
             "WAYPOINT POLICY",
+            "WAYPOINT ROUTE",
             "VERSION",
             "NONCE (SENT/ACKED)",
         ],
@@ -140,6 +145,10 @@ fn table(proxies: &[ProxySync]) -> String {
             p.address.state.to_owned(),
             p.authorization.state.to_owned(),
             p.waypoint_policy
+                .as_ref()
+                .map_or("-", |s| s.state)
+                .to_owned(),
+            p.waypoint_route
                 .as_ref()
                 .map_or("-", |s| s.state)
                 .to_owned(),

@@ -1,6 +1,6 @@
-//! Reaching ztunnels: the dump from a file, an admin address, the ztunnel pod a
-//! name or `--node` picks, or the control plane's view over XDS; and plain HTTP to
-//! their admin port.
+//! Reaching ztunnels (and waypoints, which run ztunnel's admin server): the dump
+//! from a file, an admin address, the pod a name or `--node` picks, or the control
+//! plane's view over XDS; and plain HTTP to their admin port.
 
 use std::io::Read as _;
 use std::time::Duration;
@@ -10,8 +10,36 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use shared_types::constants::{GATEWAY_MANAGED_LABEL, WAYPOINT_CONTROLLER};
+
 use crate::cli::{DumpSource, Global};
 use crate::{kubeclient, xds};
+
+/// Which pods a pod name or `--node` picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proxy {
+    /// `app=ztunnel`, in `-n`, else `--istio-namespace`.
+    Ztunnel,
+    /// The waypoints istiod deploys (`gateway.istio.io/managed`), in `-n`, else the
+    /// kubeconfig context's namespace.
+    Waypoint,
+}
+
+impl Proxy {
+    fn name(self) -> &'static str {
+        match self {
+            Proxy::Ztunnel => "ztunnel",
+            Proxy::Waypoint => "waypoint",
+        }
+    }
+
+    fn selector(self) -> String {
+        match self {
+            Proxy::Ztunnel => "app=ztunnel".into(),
+            Proxy::Waypoint => format!("{GATEWAY_MANAGED_LABEL}={WAYPOINT_CONTROLLER}"),
+        }
+    }
+}
 
 /// A ztunnel's admin endpoint and what to call it in messages (`pod.namespace`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,22 +48,30 @@ pub struct Target {
     pub addr: String,
 }
 
-/// The raw dump text `source` names. `single` is Istio's `enforceSinglePod`: without
-/// a pod or `--node`, more than one ztunnel is an error.
-pub async fn load(global: &Global, source: &DumpSource, single: bool) -> Result<String> {
+/// The raw dump text `source` names, the pod being a `proxy`. `single` is Istio's
+/// `enforceSinglePod`: without a pod or `--node`, more than one pod is an error.
+pub async fn load(
+    global: &Global,
+    source: &DumpSource,
+    single: bool,
+    proxy: Proxy,
+) -> Result<String> {
     check_one_source(source)?;
     if source.from_control_plane {
+        if proxy == Proxy::Waypoint {
+            bail!("--from-control-plane has no waypoint routes: read a waypoint's dump (pod, --ztunnel-admin or -f)");
+        }
         return control_plane_dump(global, source).await;
     }
     if let Some(file) = &source.file {
         return read_file(file);
     }
-    let targets = targets(global, source).await?;
+    let targets = targets_of(global, source, proxy).await?;
     let target = match targets.as_slice() {
         [one] => one,
         [] => bail!("no pods found"),
         [first, ..] if !single => first,
-        _ => bail!("ztunnel pod name or --node must be set"),
+        _ => bail!("{} pod name or --node must be set", proxy.name()),
     };
     http_get(&target.addr, "/config_dump")
         .await
@@ -115,6 +151,11 @@ fn read_file(path: &std::path::Path) -> Result<String> {
 /// The ztunnels `source` names: its admin address, the pod named, the one on
 /// `--node`, or every ztunnel pod (`app=ztunnel`), sorted by name.
 pub async fn targets(global: &Global, source: &DumpSource) -> Result<Vec<Target>> {
+    targets_of(global, source, Proxy::Ztunnel).await
+}
+
+/// As [`targets`], for pods of `proxy`.
+async fn targets_of(global: &Global, source: &DumpSource, proxy: Proxy) -> Result<Vec<Target>> {
     if let Some(addr) = &source.ztunnel_admin {
         return Ok(vec![Target {
             name: addr.clone(),
@@ -124,10 +165,10 @@ pub async fn targets(global: &Global, source: &DumpSource) -> Result<Vec<Target>
     let client = kubeclient::client(global)
         .await
         .context("no dump source: pass -f FILE or --ztunnel-admin ADDR, or a working kubeconfig")?;
-    let mut namespace = source
-        .namespace
-        .clone()
-        .unwrap_or_else(|| source.istio_namespace.clone());
+    let mut namespace = source.namespace.clone().unwrap_or_else(|| match proxy {
+        Proxy::Ztunnel => source.istio_namespace.clone(),
+        Proxy::Waypoint => client.default_namespace().to_owned(),
+    });
     let mut name = None;
     if let Some(pod) = &source.pod {
         let pod = pod.strip_prefix("pod/").unwrap_or(pod);
@@ -141,9 +182,9 @@ pub async fn targets(global: &Global, source: &DumpSource) -> Result<Vec<Target>
     }
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
     let list = pods
-        .list(&ListParams::default().labels("app=ztunnel"))
+        .list(&ListParams::default().labels(&proxy.selector()))
         .await
-        .context("cannot list ztunnel pods")?;
+        .with_context(|| format!("cannot list {} pods", proxy.name()))?;
     let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
     let mut found: Vec<&Pod> = list
         .items
@@ -153,7 +194,15 @@ pub async fn targets(global: &Global, source: &DumpSource) -> Result<Vec<Target>
         .collect();
     if let Some(name) = &name {
         if found.is_empty() {
-            bail!("workloads command is only supported by Ztunnel proxies: {name}");
+            match proxy {
+                Proxy::Ztunnel => {
+                    bail!("workloads command is only supported by Ztunnel proxies: {name}")
+                }
+                Proxy::Waypoint => bail!(
+                    "no waypoint pod {name} in namespace {namespace} (pods labelled {})",
+                    proxy.selector()
+                ),
+            }
         }
     }
     found.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -164,7 +213,7 @@ pub async fn targets(global: &Global, source: &DumpSource) -> Result<Vec<Target>
                 .status
                 .as_ref()
                 .and_then(|s| s.pod_ip.clone())
-                .context("the ztunnel pod has no IP yet")?;
+                .with_context(|| format!("the {} pod has no IP yet", proxy.name()))?;
             let host = if ip.contains(':') {
                 format!("[{ip}]")
             } else {

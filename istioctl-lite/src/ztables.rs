@@ -1,6 +1,7 @@
 //! What `istioctl ztunnel-config` prints, column for column: the tables (`-o
 //! short`), their filters and sort orders, and the `-o json|yaml` forms (istioctl's
-//! Go structs re-marshalled with a 4-space indent, or the raw dump for `all`).
+//! Go structs re-marshalled with a 4-space indent, or the raw dump for `all`); and
+//! ours, `route`, a waypoint's routes (see [`crate::zroutes`]).
 
 use anyhow::Result;
 use serde::Serialize;
@@ -9,8 +10,11 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::cli::Output;
-use crate::configdump::{Cert, Dump, GatewayAddress, Policy, Service, Workload, WorkloadState};
+use crate::configdump::{
+    Cert, Dump, GatewayAddress, Policy, Service, WaypointRoute, Workload, WorkloadState,
+};
 use crate::output::Table;
+use crate::zroutes;
 
 /// One view of the dump, with its filters (istioctl's flags of each subcommand).
 #[derive(Debug, Clone)]
@@ -24,6 +28,10 @@ pub enum View {
         namespace: Option<String>,
     },
     Policies {
+        namespace: Option<String>,
+    },
+    /// A waypoint's routes.
+    Routes {
         namespace: Option<String>,
     },
     Certificates,
@@ -83,6 +91,7 @@ fn structured(dump: &Dump, view: &View) -> Result<Value> {
         View::Workloads { .. } => serde_json::to_value(unsorted_workloads(dump, view))?,
         View::Services { namespace } => serde_json::to_value(services_of(dump, namespace))?,
         View::Policies { namespace } => serde_json::to_value(policies_of(dump, namespace))?,
+        View::Routes { namespace } => serde_json::to_value(routes_of(dump, namespace))?,
         View::Certificates => serde_json::to_value(&dump.certificates)?,
         View::Connections { namespace, .. } => serde_json::to_value(states_of(dump, namespace))?,
         View::All => Value::Null,
@@ -94,6 +103,7 @@ fn table(dump: &Dump, view: &View, now: OffsetDateTime) -> String {
         View::Workloads { .. } => workloads_table(dump, view),
         View::Services { namespace } => services_table(dump, namespace),
         View::Policies { namespace } => policies_table(dump, namespace),
+        View::Routes { namespace } => routes_table(dump, namespace),
         View::Certificates => certificates_table(dump, now),
         View::Connections {
             namespace,
@@ -107,14 +117,18 @@ fn table(dump: &Dump, view: &View, now: OffsetDateTime) -> String {
                 namespace: None,
                 node: None,
             };
+            // A waypoint's routes after the policies; a ztunnel's dump has none.
+            let routes = (!dump.waypoint_routes.is_empty()).then(|| routes_table(dump, &none));
             [
-                workloads_table(dump, &all),
-                services_table(dump, &none),
-                policies_table(dump, &none),
-                certificates_table(dump, now),
-                connections_table(dump, &none, "", false),
+                Some(workloads_table(dump, &all)),
+                Some(services_table(dump, &none)),
+                Some(policies_table(dump, &none)),
+                routes,
+                Some(certificates_table(dump, now)),
+                Some(connections_table(dump, &none, "", false)),
             ]
             .iter()
+            .flatten()
             .map(|t| format!("\n{t}"))
             .collect()
         }
@@ -169,6 +183,14 @@ fn policies_of<'a>(dump: &'a Dump, namespace: &Option<String>) -> Vec<&'a Policy
         .collect();
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     out
+}
+
+/// Routes passing `--route-namespace`, in dump order (the raw section, filtered).
+fn routes_of<'a>(dump: &'a Dump, namespace: &Option<String>) -> Vec<&'a WaypointRoute> {
+    dump.waypoint_routes
+        .iter()
+        .filter(|r| same(namespace, &r.namespace))
+        .collect()
 }
 
 /// Pod states passing `--workload-namespace` (case-sensitive, as istioctl), by
@@ -287,6 +309,15 @@ fn policies_table(dump: &Dump, namespace: &Option<String>) -> String {
             p.action.clone(),
             p.scope.clone(),
         ]);
+    }
+    t.render()
+}
+
+/// One row per rule, in the order the waypoint tries them ([`zroutes::rows`]).
+fn routes_table(dump: &Dump, namespace: &Option<String>) -> String {
+    let mut t = Table::new(1, &zroutes::HEADER);
+    for row in zroutes::rows(routes_of(dump, namespace)) {
+        t.row(row);
     }
     t.render()
 }

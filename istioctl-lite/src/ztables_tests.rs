@@ -29,6 +29,8 @@ fn views() -> Vec<(&'static str, View)> {
         ("workloads", all_workloads()),
         ("services", View::Services { namespace: None }),
         ("policies", View::Policies { namespace: None }),
+        // A ztunnel's dump has no routes: the header alone.
+        ("routes", View::Routes { namespace: None }),
         ("certificates", View::Certificates),
         (
             "connections",
@@ -191,4 +193,70 @@ fn waypoints_resolve_to_service_names() {
         table.contains(" echo ") && table.contains(" NA "),
         "{table}"
     );
+}
+
+fn routes() -> View {
+    View::Routes { namespace: None }
+}
+
+/// `route` of a waypoint's dump: an HTTPRoute (a header match to a weighted split,
+/// a redirect that takes precedence by its longer prefix), a TCPRoute, and a route
+/// whose path does not compile.
+#[test]
+fn a_waypoints_routes_are_one_row_per_rule_in_precedence_order() {
+    let table = out("waypoint-dump.json", &routes(), Output::Table);
+    let want = "\
+NAMESPACE ROUTE   KIND      PARENT            RULE                MATCHES                                           FILTERS         BACKENDS
+demo      db      TCPRoute  demo/db:5432      demo.db.0           *                                                 -               db-primary:5432=1
+demo      reviews HTTPRoute demo/reviews:9080 demo.reviews.1      Prefix /old                                       RequestRedirect (redirect 302)
+demo      reviews HTTPRoute demo/reviews:9080 demo.reviews.canary hdr x-version=v2                                  -               reviews-v1:9080=90,reviews-v2:9080=10
+demo      broken  HTTPRoute -                 -                   INVALID: rule 0: path \"old\" does not start with / -               -
+";
+    assert_eq!(table, want);
+    test_support::golden::assert_golden(&testdata("waypoint-routes.txt"), &table);
+    // `--route-namespace`, case-insensitive as the other filters.
+    let demo = View::Routes {
+        namespace: Some("DEMO".into()),
+    };
+    assert_eq!(out("waypoint-dump.json", &demo, Output::Table), want);
+    let other = View::Routes {
+        namespace: Some("other".into()),
+    };
+    assert_eq!(
+        out("waypoint-dump.json", &other, Output::Table),
+        "NAMESPACE ROUTE KIND PARENT RULE MATCHES FILTERS BACKENDS\n"
+    );
+}
+
+#[test]
+fn routes_json_is_the_raw_section_and_all_shows_the_table() {
+    let raw = std::fs::read_to_string(testdata("waypoint-dump.json")).unwrap();
+    let json = out("waypoint-dump.json", &routes(), Output::Json);
+    test_support::golden::assert_golden(&testdata("waypoint-routes.json"), &json);
+    let section: Value = serde_json::from_str(&raw).unwrap();
+    let printed: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(printed, section["waypointRoutes"]);
+    // Same keys in the same order as the dump (ztunnel sorts them).
+    let compact = |v: &Value| serde_json::to_string(v).unwrap();
+    assert_eq!(compact(&printed), compact(&section["waypointRoutes"]));
+    let yaml = out("waypoint-dump.json", &routes(), Output::Yaml);
+    let from_yaml: Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(from_yaml, section["waypointRoutes"]);
+    // Filtered, still the raw entries.
+    let other = View::Routes {
+        namespace: Some("other".into()),
+    };
+    assert_eq!(out("waypoint-dump.json", &other, Output::Json), "[]\n");
+    // `all`: the routes after the policies, only in a dump that has them.
+    let all = out("waypoint-dump.json", &View::All, Output::Table);
+    let table = out("waypoint-dump.json", &routes(), Output::Table);
+    let policies = "\nNAMESPACE POLICY NAME ACTION SCOPE\n";
+    assert!(
+        all.contains(&format!("{policies}\n{table}\nCERTIFICATE NAME")),
+        "{all}"
+    );
+    for dump in ["istio-dump.json", "ztunnel-dump.json"] {
+        let all = out(dump, &View::All, Output::Table);
+        assert!(!all.contains("ROUTE"), "{dump}: {all}");
+    }
 }

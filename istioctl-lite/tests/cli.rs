@@ -728,6 +728,114 @@ async fn ztunnel_config_log_posts_to_the_admin_port() {
     );
 }
 
+/// Serves `body` as every answer of a fake admin port; its address.
+async fn admin_server(body: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = vec![0u8; 2048];
+            let _ = s.read(&mut req).await;
+            let answer = format!("HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n{body}");
+            let _ = s.write_all(answer.as_bytes()).await;
+        }
+    });
+    addr
+}
+
+/// `zc route`: a waypoint's routes from a file, its admin address, or its pod (the
+/// waypoints istiod deploys, in the context's namespace or the one named).
+#[tokio::test]
+async fn ztunnel_config_route_shows_a_waypoints_routes() {
+    let dump = testdata("waypoint-dump.json");
+    let dump = dump.to_str().unwrap();
+    let golden = std::fs::read_to_string(testdata("waypoint-routes.txt")).unwrap();
+    for alias in ["route", "routes", "r"] {
+        let out = run(None, &["zc", alias, "-f", dump]).await;
+        assert!(out.status.success(), "{alias}: {}", stderr(&out));
+        assert_eq!(stdout(&out), golden, "{alias}");
+    }
+    let out = run(None, &["zc", "route", "-f", dump, "-o", "json"]).await;
+    let routes: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(routes[1]["spec"]["rules"][0]["name"], "canary");
+    // `all` has the table too.
+    let all = stdout(&run(None, &["zc", "all", "-f", dump]).await);
+    assert!(all.contains(&golden), "{all}");
+    // Istio's dump has no routes: the header alone.
+    let istio = testdata("istio-dump.json");
+    let out = run(None, &["zc", "route", "-f", istio.to_str().unwrap()]).await;
+    assert!(out.status.success());
+    assert_eq!(
+        stdout(&out),
+        "NAMESPACE ROUTE KIND PARENT RULE MATCHES FILTERS BACKENDS\n"
+    );
+    let out = run(None, &["zc", "route", "-f", dump, "--from-control-plane"]).await;
+    assert!(!out.status.success());
+    // Through the admin port, named or found as the waypoint's pod.
+    let addr = admin_server(std::fs::read_to_string(testdata("waypoint-dump.json")).unwrap()).await;
+    let out = run(None, &["zc", "route", "--ztunnel-admin", &addr]).await;
+    assert_eq!(stdout(&out), golden, "{}", stderr(&out));
+    let c = cluster().await;
+    let k = Some(c.kubeconfig.as_path());
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    for ns in ["demo", "istio-system"] {
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "demo");
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "waypoint-7d9f", "labels": {
+            "gateway.networking.k8s.io/gateway-name": "waypoint",
+            "gateway.istio.io/managed": "istio.io-mesh-controller",
+        }},
+        "spec": {"containers": [{"name": "istio-proxy", "image": "waypoint"}]},
+    });
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .unwrap();
+    let status = serde_json::json!({"status": {"phase": "Running", "podIP": "127.0.0.1"}});
+    pods.patch_status(
+        "waypoint-7d9f",
+        &PatchParams::default(),
+        &Patch::Merge(&status),
+    )
+    .await
+    .unwrap();
+    let port = addr.rsplit_once(':').unwrap().1;
+    for args in [
+        &[
+            "zc",
+            "route",
+            "waypoint-7d9f.demo",
+            "--proxy-admin-port",
+            port,
+        ][..],
+        &["zc", "route", "-n", "demo", "--proxy-admin-port", port],
+    ] {
+        let out = run(k, args).await;
+        assert_eq!(stdout(&out), golden, "{args:?}: {}", stderr(&out));
+    }
+    let out = run(k, &["zc", "route", "nope.demo", "--proxy-admin-port", port]).await;
+    assert!(
+        stderr(&out).contains("no waypoint pod nope in namespace demo"),
+        "{}",
+        stderr(&out)
+    );
+    // A waypoint is not a ztunnel: `workloads` does not find it.
+    let out = run(k, &["zc", "workloads", "waypoint-7d9f.demo"]).await;
+    assert!(!out.status.success());
+}
+
 #[tokio::test]
 async fn every_command_has_help() {
     for args in [
@@ -740,6 +848,7 @@ async fn every_command_has_help() {
         &["ztunnel-config", "--help"],
         &["ztunnel-config", "log", "--help"],
         &["zc", "workload", "--help"],
+        &["zc", "route", "--help"],
         &["precheck", "--help"],
         &["waypoint", "--help"],
         &["waypoint", "apply", "--help"],

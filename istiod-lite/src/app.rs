@@ -14,7 +14,7 @@ use crate::ca::authz::{node_accounts, NodeAuthorizer};
 use crate::ca::CaService;
 use crate::config::Config;
 use crate::kube::pods::PodIndex;
-use crate::kube::{gateway_class, leader, root_publisher, waypoints};
+use crate::kube::{gateway_class, leader, root_publisher, route_status, waypoints};
 use crate::metrics::Metrics;
 use crate::model;
 use crate::ops;
@@ -114,9 +114,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         trust_domain: config.trust_domain.clone(),
         cluster_id: config.cluster_id.clone(),
     };
-    tokio::spawn(leader::while_leading(leading, shutdown.clone(), {
+    tokio::spawn(leader::while_leading(leading.clone(), shutdown.clone(), {
         let client = client.clone();
         move |stop| waypoints::run(client.clone(), waypoint_settings.clone(), stop)
+    }));
+    tokio::spawn(leader::while_leading(leading, shutdown.clone(), {
+        let (client, domain) = (client.clone(), config.domain_suffix.clone());
+        move |stop| route_status::run(client.clone(), domain.clone(), stop)
     }));
 
     ops::serve_metrics(config.monitoring_addr, metrics.clone(), shutdown.clone())

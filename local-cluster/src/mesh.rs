@@ -172,6 +172,19 @@ pub fn ztunnel_metrics(ns: &Netns) -> Result<String> {
     http_get(ns, "http://127.0.0.1:15020/metrics")
 }
 
+/// How many times the proxy (ztunnel or waypoint) in `ns` has read its local config
+/// files, whether it took them or refused them: what a test waits on after writing one.
+pub fn config_loads(ns: &Netns) -> Result<f64> {
+    let metrics = ztunnel_metrics(ns)?;
+    Ok([
+        "ztunnel_local_config_reloads_total",
+        "ztunnel_local_config_errors_total",
+    ]
+    .iter()
+    .map(|name| metric_sum(&metrics, name, &[]))
+    .sum())
+}
+
 /// Sum of every sample of `name` whose labels include all of `labels`.
 pub fn metric_sum(exposition: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     exposition

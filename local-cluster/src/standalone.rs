@@ -205,17 +205,7 @@ impl Standalone {
     /// How many times each ztunnel (A, B) has read the local config, whether it took
     /// it or refused it.
     fn config_loads(&self) -> Result<[f64; 2]> {
-        let loads = |ns: &Netns| -> Result<f64> {
-            let metrics = mesh::ztunnel_metrics(ns)?;
-            Ok([
-                "ztunnel_local_config_reloads_total",
-                "ztunnel_local_config_errors_total",
-            ]
-            .iter()
-            .map(|name| mesh::metric_sum(&metrics, name, &[]))
-            .sum())
-        };
-        Ok([loads(&self.a)?, loads(&self.b)?])
+        Ok([mesh::config_loads(&self.a)?, mesh::config_loads(&self.b)?])
     }
 }
 

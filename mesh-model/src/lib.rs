@@ -10,6 +10,9 @@
 #[allow(missing_docs)] // The fields are the CRD's own, documented by Istio.
 pub mod authorization_policy;
 pub mod policy;
+/// Gateway API routes bound to Services, as the waypoint applies them.
+#[allow(missing_docs)] // Its items mirror the Gateway API's fields, documented there.
+pub mod route;
 /// Serde helpers for the local-config format (also used by its readers).
 pub mod serde_util;
 pub mod service;

@@ -24,3 +24,40 @@ pub struct WaypointPolicy {
     #[prost(string, tag = "3")]
     pub spec_json: String,
 }
+
+/// Type URL of [`WaypointRoute`].
+pub const WAYPOINT_ROUTE_TYPE_URL: &str = "type.googleapis.com/ambient_rs.waypoint.v1.Route";
+
+/// One Gateway API route bound to a Service (GAMMA: a `parentRefs` entry of group `""`
+/// and kind `Service`): an HTTPRoute, GRPCRoute or TCPRoute, carried as Kubernetes
+/// stores its spec, as [`WaypointPolicy`] carries a policy. The waypoint compiles it
+/// itself. The resource name is `kind/namespace/name`.
+#[derive(Clone, PartialEq, Message)]
+pub struct WaypointRoute {
+    /// `HTTPRoute`, `GRPCRoute` or `TCPRoute`.
+    #[prost(string, tag = "1")]
+    pub kind: String,
+    /// The route's name.
+    #[prost(string, tag = "2")]
+    pub name: String,
+    /// The route's namespace.
+    #[prost(string, tag = "3")]
+    pub namespace: String,
+    /// Its `spec`, as JSON.
+    #[prost(string, tag = "4")]
+    pub spec_json: String,
+    /// `metadata.generation`, which the route's status reports as `observedGeneration`.
+    #[prost(int64, tag = "5")]
+    pub generation: i64,
+    /// `metadata.creationTimestamp` (RFC 3339): the oldest route wins a tie between
+    /// rules of equal precedence, as the Gateway API orders them.
+    #[prost(string, tag = "6")]
+    pub created: String,
+}
+
+impl WaypointRoute {
+    /// The resource name: `kind/namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+}

@@ -10,15 +10,14 @@ use anyhow::Context;
 use futures::FutureExt;
 use shared_types::duration::parse_duration;
 use shared_types::istio::xds::ROUTER_NODE;
-use shared_types::waypoint::WaypointPolicy;
-use tracing::{info, warn};
+use tracing::info;
 use ztunnel::config::{Config, ProxyMode};
 use ztunnel::metrics::Metrics;
-use ztunnel::state::StateStore;
 
+use crate::config::{ConfigFollower, SharedConfig};
 use crate::metrics::RequestMetrics;
-use crate::policy::{parse_policies, Policies, Policy, WaypointRef};
-use crate::proxy::{SharedPolicies, Waypoint};
+use crate::policy::WaypointRef;
+use crate::proxy::Waypoint;
 
 /// The waypoint's own settings, beside ztunnel's.
 #[derive(Clone, Debug, clap::Args)]
@@ -27,10 +26,11 @@ pub struct WaypointArgs {
     /// name from PROXY_WORKLOAD_INFO.
     #[arg(long, env = "GATEWAY_NAME")]
     pub gateway_name: Option<String>,
-    /// AuthorizationPolicy objects (a YAML stream, as `kubectl apply -f` takes), for a
-    /// waypoint without a control plane.
-    #[arg(long, env = "WAYPOINT_POLICY_PATH")]
-    pub policy_path: Option<PathBuf>,
+    /// AuthorizationPolicy, HTTPRoute, GRPCRoute and TCPRoute objects (a YAML stream,
+    /// as `kubectl apply -f` takes), for a waypoint without a control plane; followed
+    /// as the file changes.
+    #[arg(long, env = "WAYPOINT_CONFIG_PATH")]
+    pub config_path: Option<PathBuf>,
     /// How long a client may take to send a request's headers (slow clients are
     /// closed: a slowloris cannot hold the waypoint's connections).
     #[arg(long, env = "HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
@@ -57,16 +57,7 @@ pub async fn run(
         name: args.gateway_name.clone().unwrap_or(info.name.clone()),
         root_namespace: config.root_namespace.clone(),
     };
-    let from_file = match &args.policy_path {
-        Some(path) => {
-            let yaml = std::fs::read_to_string(path)
-                .with_context(|| format!("reading WAYPOINT_POLICY_PATH {}", path.display()))?;
-            parse_policies(&yaml)
-                .with_context(|| format!("WAYPOINT_POLICY_PATH {}", path.display()))?
-        }
-        None => Vec::new(),
-    };
-    let policies: SharedPolicies = Arc::default();
+    let shared: SharedConfig = Arc::default();
     let requests = RequestMetrics::default();
     let metrics = {
         let requests = requests.clone();
@@ -76,7 +67,19 @@ pub async fn run(
     };
     let start: ztunnel::app::StartProxy = Box::new(move |config, inputs, synced| {
         let addr = config.inbound_addr;
+        let cluster_domain = config.cluster_domain.clone();
         async move {
+            if let Some(path) = args.config_path {
+                ztunnel::discovery::watch_file(
+                    crate::objects::watched(path.clone()),
+                    inputs.state.clone(),
+                    inputs.metrics.local_config_reloads.clone(),
+                    inputs.metrics.local_config_errors.clone(),
+                    inputs.drain.accepting_token(),
+                )
+                .await
+                .with_context(|| format!("loading WAYPOINT_CONFIG_PATH {}", path.display()))?;
+            }
             let listener = inputs
                 .sockets
                 .tcp_listener(addr, false)
@@ -84,7 +87,13 @@ pub async fn run(
                 .with_context(|| format!("binding the waypoint's HBONE listener {addr}"))?;
             info!(%addr, "waypoint listening for HBONE");
             let state = inputs.state.clone();
-            let proxy = Waypoint::new(inputs, policies.clone(), requests, args.header_read_timeout);
+            let proxy = Waypoint::new(
+                inputs,
+                shared.clone(),
+                requests,
+                args.header_read_timeout,
+                cluster_domain,
+            );
             tokio::spawn(async move {
                 // Nothing is served before discovery's first complete state: until its
                 // policies arrive, an empty set would allow everything. (Clients wait
@@ -94,7 +103,7 @@ pub async fn run(
                         return;
                     }
                 }
-                let mut follower = PolicyFollower::new(state, from_file, waypoint, policies);
+                let mut follower = ConfigFollower::new(state, waypoint, shared);
                 follower.refresh();
                 tokio::spawn(follower.run());
                 proxy.run(listener).await
@@ -109,82 +118,4 @@ pub async fn run(
         start,
     };
     ztunnel::app::run_with(config, logging, metrics, Some(proxy)).await
-}
-
-/// The policies of this waypoint now: those of the file, and those discovery holds
-/// (istiod-lite's waypoint policies over xDS).
-fn compile(
-    discovered: &[Arc<WaypointPolicy>],
-    from_file: &[Policy],
-    waypoint: &WaypointRef,
-) -> Policies {
-    let mut all = from_file.to_vec();
-    for p in discovered {
-        match Policy::from_json(p.namespace.clone(), p.name.clone(), &p.spec_json) {
-            Ok(policy) => all.push(policy),
-            Err(e) => {
-                let policy = format!("{}/{}", p.namespace, p.name);
-                warn!(%policy, error = %e, "waypoint policy ignored")
-            }
-        }
-    }
-    Policies::for_waypoint(all, waypoint)
-}
-
-/// Keeps the shared policies in step with discovery's waypoint policies: recompiled
-/// when those change, not at every other push (workloads and services come and go far
-/// more often).
-struct PolicyFollower {
-    state: StateStore,
-    changes: tokio::sync::watch::Receiver<u64>,
-    from_file: Vec<Policy>,
-    waypoint: WaypointRef,
-    shared: SharedPolicies,
-    /// The discovered policies compiled last, held so their addresses identify them (an
-    /// unchanged one keeps its `Arc` from one snapshot to the next; a held one cannot
-    /// be freed and its address reused by another).
-    compiled: Option<Vec<Arc<WaypointPolicy>>>,
-}
-
-impl PolicyFollower {
-    fn new(
-        state: StateStore,
-        from_file: Vec<Policy>,
-        waypoint: WaypointRef,
-        shared: SharedPolicies,
-    ) -> Self {
-        PolicyFollower {
-            changes: state.subscribe(),
-            state,
-            from_file,
-            waypoint,
-            shared,
-            compiled: None,
-        }
-    }
-
-    /// Recompiles if discovery's policies changed since the last time.
-    fn refresh(&mut self) {
-        let mut current: Vec<Arc<WaypointPolicy>> =
-            self.state.snapshot().waypoint_policies().cloned().collect();
-        current.sort_unstable_by_key(|p| Arc::as_ptr(p) as usize);
-        let unchanged = self.compiled.as_ref().is_some_and(|last| {
-            last.len() == current.len() && last.iter().zip(&current).all(|(a, b)| Arc::ptr_eq(a, b))
-        });
-        if unchanged {
-            return;
-        }
-        let policies = compile(&current, &self.from_file, &self.waypoint);
-        let gateway = format!("{}/{}", self.waypoint.namespace, self.waypoint.name);
-        info!(%gateway, policies = policies.len(), "waypoint policies in force");
-        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
-        self.compiled = Some(current);
-    }
-
-    /// Refreshes after every change, until the state store is dropped.
-    async fn run(mut self) {
-        while self.changes.changed().await.is_ok() {
-            self.refresh();
-        }
-    }
 }

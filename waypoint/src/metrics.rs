@@ -27,6 +27,10 @@ pub struct RequestLabels {
     pub response_code: u16,
     /// gRPC's status, where the response carries one; `-` otherwise.
     pub grpc_response_status: String,
+    /// The route rule the request took, `namespace.name.rule` (the rule's name, or its
+    /// index), as Istio names the Envoy route of a Gateway API rule; `default` when no
+    /// route is bound.
+    pub route_name: String,
     /// Last: the derive can only flatten the last field.
     #[prometheus(flatten)]
     pub traffic: TrafficLabels,
@@ -34,12 +38,37 @@ pub struct RequestLabels {
 
 type Histograms = Family<RequestLabels, Histogram, fn() -> Histogram>;
 
+/// A backend Service (its `namespace/hostname`), for the retry counts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    pub destination_service: String,
+}
+
+impl From<String> for BackendLabels {
+    fn from(destination_service: String) -> Self {
+        BackendLabels {
+            destination_service,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub destination_service: String,
+    /// `retriable-status-code`, `connect-failure`, `reset` or `per-try-timeout`.
+    pub reason: &'static str,
+}
+
 #[derive(Clone)]
 pub struct RequestMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub duration: Histograms,
     pub request_bytes: Histograms,
     pub response_bytes: Histograms,
+    /// Retries sent, by backend and reason.
+    pub retries: Family<RetryLabels, Counter>,
+    /// Retries the retry budget refused.
+    pub retry_budget_exhausted: Family<BackendLabels, Counter>,
 }
 
 fn durations() -> Histogram {
@@ -57,6 +86,8 @@ impl Default for RequestMetrics {
             duration: Family::new_with_constructor(durations),
             request_bytes: Family::new_with_constructor(sizes),
             response_bytes: Family::new_with_constructor(sizes),
+            retries: Family::default(),
+            retry_budget_exhausted: Family::default(),
         }
     }
 }
@@ -83,6 +114,26 @@ impl RequestMetrics {
             "Size of responses (headers and body)",
             self.response_bytes.clone(),
         );
+        registry.register(
+            "waypoint_upstream_retries",
+            "Requests sent again to a backend, by reason",
+            self.retries.clone(),
+        );
+        registry.register(
+            "waypoint_retry_budget_exhausted",
+            "Retries not sent because the backend's retry budget was spent",
+            self.retry_budget_exhausted.clone(),
+        );
+    }
+
+    /// One retry to `backend` for `reason`.
+    pub fn retried(&self, backend: &str, reason: &'static str) {
+        self.retries
+            .get_or_create(&RetryLabels {
+                destination_service: backend.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     /// One finished request.

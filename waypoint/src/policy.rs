@@ -26,6 +26,9 @@ use serde::Deserialize;
 use shared_types::constants::WAYPOINT_CLASS;
 use tracing::warn;
 
+use crate::objects::parse_objects;
+pub use crate::objects::LoadError;
+
 /// The Gateway API group of a waypoint's Gateway and GatewayClass.
 const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 
@@ -88,38 +91,6 @@ pub struct Policy {
     broken: Option<String>,
 }
 
-/// Why a policy is not enforced by the waypoint at all.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("policy {0}: the {1} action is not supported by this waypoint")]
-    UnsupportedAction(String, String),
-    #[error("reading the policy file: {0}")]
-    Yaml(#[from] serde_yaml::Error),
-    #[error("{0}: not an AuthorizationPolicy (kind {1:?})")]
-    NotAPolicy(String, String),
-}
-
-#[derive(Deserialize)]
-struct Object {
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    metadata: Metadata,
-    #[serde(default)]
-    spec: Option<serde_yaml::Value>,
-    /// A `List` of objects.
-    #[serde(default)]
-    items: Vec<Object>,
-}
-
-#[derive(Default, Deserialize)]
-struct Metadata {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    namespace: Option<String>,
-}
-
 /// The fields of a spec that say where it attaches, read alone from a spec that does
 /// not parse whole.
 #[derive(Default, Deserialize)]
@@ -134,42 +105,13 @@ struct Attachment {
 }
 
 /// Reads a YAML stream of AuthorizationPolicy objects (or `List`s of them), as
-/// `kubectl apply -f` takes them. A policy without a namespace is in `default`.
+/// `kubectl apply -f` takes them ([`crate::objects`]), and compiles them.
 pub fn parse_policies(yaml: &str) -> Result<Vec<Policy>, LoadError> {
-    let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde_yaml::Value::deserialize(doc)?;
-        if value.is_null() {
-            continue;
-        }
-        let object: Object = serde_yaml::from_value(value)?;
-        collect(object, &mut out)?;
-    }
-    Ok(out)
-}
-
-fn collect(object: Object, out: &mut Vec<Policy>) -> Result<(), LoadError> {
-    match object.kind.as_str() {
-        "List" | "AuthorizationPolicyList" => {
-            for item in object.items {
-                collect(item, out)?;
-            }
-            Ok(())
-        }
-        "AuthorizationPolicy" => {
-            let namespace = object
-                .metadata
-                .namespace
-                .unwrap_or_else(|| "default".into());
-            let spec = object.spec.unwrap_or(serde_yaml::Value::Null);
-            out.push(Policy::from_spec(namespace, object.metadata.name, spec)?);
-            Ok(())
-        }
-        other => Err(LoadError::NotAPolicy(
-            object.metadata.name,
-            other.to_owned(),
-        )),
-    }
+    parse_objects(yaml)?
+        .policies
+        .into_iter()
+        .map(|p| Policy::from_json(p.namespace, p.name, &p.spec_json))
+        .collect()
 }
 
 impl Policy {

@@ -245,7 +245,7 @@ fn unreadable_policies_fail_closed_and_unsupported_actions_are_refused() {
     ));
     let err = parse_policies("kind: ConfigMap\nmetadata: {name: x}\n").unwrap_err();
     assert!(
-        err.to_string().contains("not an AuthorizationPolicy"),
+        err.to_string().contains("is not one a waypoint applies"),
         "{err}"
     );
     assert!(parse_policies(": : :").is_err());

@@ -11,7 +11,7 @@
 //! not bound to this waypoint; 401 denied (TCP); 503 no endpoint, or upstream failed.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,9 +22,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
+use crate::config::{SharedConfig, WaypointConfig};
 use crate::http::HttpProxy;
 use crate::metrics::RequestMetrics;
-use crate::policy::{Attributes, Decision, Policies};
+use crate::policy::{Attributes, Decision};
+use crate::routing::{pick_backend, RetryBudget};
+use mesh_model::route::{Rule, ServiceRef};
 use shared_types::constants::HBONE_PORT;
 use ztunnel::hbone::io::H2Io;
 use ztunnel::hbone::pool::{ConnectRequest, Pool, PoolKey};
@@ -42,16 +45,16 @@ use ztunnel::state::workload::{GatewayAddress, Protocol, Workload};
 pub trait Upstream: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Upstream for T {}
 
-/// The policies in force; replaced whole when the policy source changes.
-pub type SharedPolicies = Arc<RwLock<Arc<Policies>>>;
-
 #[derive(Clone)]
 pub struct Waypoint {
     pub(crate) inputs: ProxyInputs,
     pool: Arc<Pool>,
-    pub(crate) policies: SharedPolicies,
+    config: SharedConfig,
     pub(crate) requests: RequestMetrics,
+    pub(crate) retry_budget: RetryBudget,
     pub(crate) header_read_timeout: Duration,
+    /// Backend Services are named `<name>.<namespace>.svc.<domain>`.
+    cluster_domain: String,
     server_config: Arc<ztunnel::tls::ServerConfigCache>,
 }
 
@@ -79,9 +82,10 @@ pub(crate) struct Destination {
 impl Waypoint {
     pub fn new(
         inputs: ProxyInputs,
-        policies: SharedPolicies,
+        config: SharedConfig,
         requests: RequestMetrics,
         header_read_timeout: Duration,
+        cluster_domain: String,
     ) -> Self {
         let pool = Pool::new(
             inputs.certs.clone(),
@@ -92,9 +96,11 @@ impl Waypoint {
         Waypoint {
             inputs,
             pool,
-            policies,
+            config,
             requests,
+            retry_budget: RetryBudget::default(),
             header_read_timeout,
+            cluster_domain,
             server_config: Arc::default(),
         }
     }
@@ -311,11 +317,67 @@ impl Waypoint {
         }
     }
 
-    pub(crate) fn policies(&self) -> Arc<Policies> {
-        self.policies
+    /// The policies and routes in force now.
+    pub(crate) fn config(&self) -> Arc<WaypointConfig> {
+        self.config
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Where a route's backend sends traffic that came for `dst`: `dst` itself when
+    /// the backend is the Service addressed (its endpoint was chosen with the
+    /// CONNECT), else a ready endpoint of the backend Service, on the backend's port
+    /// (the port addressed when the backend names none).
+    pub(crate) fn backend(
+        &self,
+        dst: &Destination,
+        backend: &ServiceRef,
+    ) -> Result<Destination, BackendError> {
+        let port = backend.port.unwrap_or(dst.authority.port());
+        if let Some(svc) = &dst.service {
+            if svc.namespace == backend.namespace
+                && svc.name == backend.name
+                && port == dst.authority.port()
+            {
+                return Ok(dst.clone());
+            }
+        }
+        let state = self.inputs.state.snapshot();
+        let hostname = backend.hostname(&self.cluster_domain);
+        let service = state
+            .service_by_hostname(&hostname, &backend.namespace)
+            .filter(|s| s.namespace == backend.namespace)
+            .ok_or(BackendError::NotFound)?;
+        let vip = service
+            .vips
+            .iter()
+            .map(|v| v.address)
+            .find(|ip| ip.is_ipv4() == dst.authority.is_ipv4())
+            .or_else(|| service.vips.first().map(|v| v.address))
+            .ok_or(BackendError::NotFound)?;
+        let (workload, target_port) = state
+            .pick_endpoint(&service, port)
+            .ok_or(BackendError::NoEndpoint)?;
+        let ip = workload
+            .address_of_family(vip.is_ipv4())
+            .ok_or(BackendError::NoEndpoint)?;
+        Ok(Destination {
+            authority: SocketAddr::new(vip, port),
+            protocol: dst.protocol,
+            service: Some(service),
+            workload,
+            target: SocketAddr::new(ip, target_port),
+        })
+    }
+
+    /// The TCPRoute rule for a connection to `dst`, if one is bound to its Service.
+    fn tcp_rule(config: &WaypointConfig, dst: &Destination) -> Option<Rule> {
+        let svc = dst.service.as_ref()?;
+        config
+            .routes
+            .tcp((&svc.namespace, &svc.name), dst.authority.port())
+            .map(|s| s.rule.clone())
     }
 
     /// A TCP stream through the waypoint: authorized once, then copied.
@@ -330,7 +392,8 @@ impl Waypoint {
             source.as_deref(),
             Some(&dst.workload),
         );
-        let decision = self.policies().evaluate(&self.attributes(&peer, &dst));
+        let config = self.config();
+        let decision = config.policies.evaluate(&self.attributes(&peer, &dst));
         if let Decision::Deny { policy } = decision {
             info!(src = %peer.identity, dst = %dst.authority, ?policy, "connection denied by policy");
             metrics.error("policy_denied");
@@ -343,6 +406,25 @@ impl Waypoint {
             );
             return;
         }
+        // A TCPRoute bound to the Service sends the connection to one of its backends.
+        let dst = match Self::tcp_rule(&config, &dst) {
+            None => Ok(dst),
+            Some(rule) => match pick_backend(&rule.backends) {
+                Some(b) if b.unsupported.is_none() => self.backend(&dst, &b.service),
+                _ => Err(BackendError::NotFound),
+            },
+        };
+        drop(config);
+        let dst = match dst {
+            Ok(dst) => dst,
+            Err(e) => {
+                info!(src = %peer.identity, error = %e, "TCP route has no usable backend");
+                metrics.error("no_route_backend");
+                ConnectionResult::failed(metrics, ends, labels, e.to_string());
+                return;
+            }
+        };
+        let labels = self.labels(&peer, &dst);
         let mut upstream = match self.connect(&peer, &dst).await {
             Ok(upstream) => upstream,
             Err(e) => {
@@ -361,4 +443,13 @@ impl Waypoint {
         }
         result.record(copied.map(drop));
     }
+}
+
+/// Why a route's backend cannot take a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BackendError {
+    #[error("the backend Service is not known")]
+    NotFound,
+    #[error("the backend Service has no ready endpoint")]
+    NoEndpoint,
 }

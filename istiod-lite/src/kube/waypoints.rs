@@ -28,9 +28,8 @@ use shared_types::constants::{
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::FIELD_MANAGER;
 use crate::model::gateway_resource;
-
-const FIELD_MANAGER: &str = "istiod-lite";
 
 /// What every waypoint is configured with.
 #[derive(Clone, Debug)]

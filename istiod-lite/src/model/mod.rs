@@ -1,10 +1,12 @@
 //! The model: Kubernetes objects into the xDS resources every ztunnel receives,
 //! converted the way istiod converts them for ztunnel.
 //!
-//! Watches Pods, Services, Namespaces, waypoints' Gateways and `security.istio.io/v1`
-//! AuthorizationPolicies and PeerAuthentications (list and watch only, cluster-wide) and publishes
+//! Watches Pods, Services, Namespaces, waypoints' Gateways, `security.istio.io/v1`
+//! AuthorizationPolicies and PeerAuthentications, and the Gateway API's HTTPRoutes,
+//! GRPCRoutes and TCPRoutes (list and watch only, cluster-wide) and publishes
 //! `istio.workload.Address` (workloads by uid, services by `namespace/hostname`) and
-//! `istio.security.Authorization` (by `namespace/name`) into the [`ResourceStore`].
+//! `istio.security.Authorization` (by `namespace/name`) into the [`ResourceStore`], and
+//! for waypoints the policies with `targetRefs` and the routes bound to Services.
 //! Namespaces are read only for their `istio.io/use-waypoint` labels. Nodes and
 //! EndpointSlices are not watched: service endpoints come from Service selectors over
 //! pods (as istiod does for pods).
@@ -15,6 +17,7 @@
 pub mod convert;
 pub mod peer_authn;
 pub mod policy;
+pub mod routes;
 mod snapshot;
 mod watch;
 
@@ -39,6 +42,9 @@ use mesh_kube::watch::IfAbsent;
 use snapshot::{Rebuilder, Stores};
 use watch::Progress;
 
+/// The kinds watched: Pods, Services, AuthorizationPolicies, PeerAuthentications,
+/// Namespaces, Gateways, and the three route kinds.
+const KINDS: usize = 6 + routes::ROUTE_KINDS.len();
 /// Events arriving within this window are handled by one rebuild.
 pub const DEBOUNCE: Duration = Duration::from_millis(20);
 /// Istio's default cluster DNS domain.
@@ -102,7 +108,7 @@ pub fn start(
     cancel: CancellationToken,
 ) -> signal::Receiver<bool> {
     let changes = signal::Sender::new(0u64);
-    let kinds: [Arc<AtomicBool>; 6] = Default::default();
+    let kinds: [Arc<AtomicBool>; KINDS] = Default::default();
     let progress = |i: usize| Progress {
         changes: changes.clone(),
         synced: kinds[i].clone(),
@@ -117,7 +123,14 @@ pub fn start(
     let namespaces = Writer::<Namespace>::default();
     let gw = gateway_resource();
     let gateways = Writer::<DynamicObject>::new(gw.clone());
+    let route_writers =
+        routes::ROUTE_KINDS.map(|kind| Writer::<DynamicObject>::new(kind.resource()));
     let stores = Stores {
+        routes: routes::ROUTE_KINDS
+            .iter()
+            .zip(&route_writers)
+            .map(|(kind, writer)| (*kind, writer.as_reader()))
+            .collect(),
         gateways: gateways.as_reader(),
         pods: pods.as_reader(),
         services: services.as_reader(),
@@ -175,6 +188,17 @@ pub fn start(
         |_| {},
         c.clone(),
     );
+    for (i, (kind, writer)) in routes::ROUTE_KINDS.iter().zip(route_writers).enumerate() {
+        watch::spawn(
+            kind.plural,
+            Api::<DynamicObject>::all_with(client.clone(), &kind.resource()),
+            writer,
+            IfAbsent::Empty,
+            progress(6 + i),
+            |_| {},
+            c.clone(),
+        );
+    }
     let pa_api = Api::<DynamicObject>::all_with(client, &pa);
     watch::spawn(
         "peerauthentications",
@@ -203,7 +227,7 @@ pub fn start(
 async fn run(
     mut rebuilder: Rebuilder,
     mut changes: signal::Receiver<u64>,
-    kinds: [Arc<AtomicBool>; 6],
+    kinds: [Arc<AtomicBool>; KINDS],
     synced: signal::Sender<bool>,
     cancel: CancellationToken,
 ) {

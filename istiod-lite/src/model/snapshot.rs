@@ -16,12 +16,15 @@ use kube::ResourceExt;
 use prost::Message;
 use shared_types::constants::{WAYPOINT_CLASS, WAYPOINT_FOR_LABEL};
 use shared_types::istio::xds::{Any, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
-use shared_types::waypoint::{WaypointPolicy, WAYPOINT_POLICY_TYPE_URL};
+use shared_types::waypoint::{
+    WaypointPolicy, WaypointRoute, WAYPOINT_POLICY_TYPE_URL, WAYPOINT_ROUTE_TYPE_URL,
+};
 use tracing::{debug, info, warn};
 
 use super::convert::{self, ServiceIndex, ServiceInfo, WaypointBindings, WaypointFor};
 use super::peer_authn::{self, Effective, PeerAuthentications};
 use super::policy::{self, ConvertedPolicy};
+use super::routes::{self, RouteKind};
 use super::Options;
 use crate::xds::store::{Published, ResourceStore};
 use mesh_model::xds::{encode_authorization, encode_service, encode_workload};
@@ -38,6 +41,8 @@ pub struct Stores {
     pub namespaces: Store<Namespace>,
     /// Only `istio-waypoint` ones, for their `istio.io/waypoint-for` label.
     pub gateways: Store<DynamicObject>,
+    /// HTTPRoutes, GRPCRoutes and TCPRoutes, each with its kind.
+    pub routes: Vec<(RouteKind, Store<DynamicObject>)>,
 }
 
 /// Everything the source publishes, sorted by key so two builds compare equal.
@@ -48,6 +53,8 @@ pub struct Built {
     pub policies: Vec<Authorization>,
     /// AuthorizationPolicies with `targetRefs`, for waypoints, by `namespace/name`.
     pub waypoint_policies: Vec<WaypointPolicy>,
+    /// Routes bound to Services, for waypoints, by `kind/namespace/name`.
+    pub waypoint_routes: Vec<WaypointRoute>,
 }
 
 impl Built {
@@ -115,6 +122,14 @@ impl Built {
             WAYPOINT_POLICY_TYPE_URL,
             waypoint_policies.collect::<Vec<_>>(),
         );
+        let waypoint_routes = self.waypoint_routes.iter().map(|r| {
+            let body = Any {
+                type_url: WAYPOINT_ROUTE_TYPE_URL.into(),
+                value: r.encode_to_vec(),
+            };
+            (r.key(), body)
+        });
+        store.replace_all(WAYPOINT_ROUTE_TYPE_URL, waypoint_routes.collect::<Vec<_>>());
         // Policies first: a workload never names a policy the proxies do not have.
         store.replace_all(AUTHORIZATION_TYPE_URL, policies);
         store.replace_all(ADDRESS_TYPE_URL, addresses);
@@ -189,6 +204,7 @@ pub fn build(
         services,
         policies,
         waypoint_policies: Vec::new(),
+        waypoint_routes: Vec::new(),
     }
 }
 
@@ -250,6 +266,7 @@ impl Rebuilder {
             &self.opts,
         );
         built.waypoint_policies = self.waypoint_policies();
+        built.waypoint_routes = self.waypoint_routes();
         if self.last.as_ref() == Some(&built) {
             return false;
         }
@@ -337,6 +354,21 @@ impl Rebuilder {
         out
     }
 
+    /// The routes bound to Services, for the waypoints, which compile them themselves.
+    fn waypoint_routes(&self) -> Vec<WaypointRoute> {
+        let objects: Vec<(&RouteKind, Vec<Arc<DynamicObject>>)> = self
+            .stores
+            .routes
+            .iter()
+            .map(|(kind, store)| (kind, store.state()))
+            .collect();
+        routes::waypoint_routes(
+            objects
+                .iter()
+                .flat_map(|(kind, routes)| routes.iter().map(move |r| (*kind, r.as_ref()))),
+        )
+    }
+
     fn convert_peer_authentications(&mut self) -> PeerAuthentications {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
@@ -405,5 +437,38 @@ mod tests {
             Some("shop/web.shop.svc.cluster.local")
         );
         assert_eq!(by("/10.96.0.10"), None, "the network is part of the key");
+    }
+
+    /// Routes go out under their own type, named `kind/namespace/name`, as they were
+    /// built; one removed from the build is removed from the store.
+    #[test]
+    fn waypoint_routes_are_published_by_key() {
+        let route = WaypointRoute {
+            kind: "HTTPRoute".into(),
+            name: "web".into(),
+            namespace: "shop".into(),
+            spec_json: r#"{"rules":[]}"#.into(),
+            generation: 2,
+            created: "2024-05-06T07:08:09Z".into(),
+        };
+        let mut built = Built {
+            waypoint_routes: vec![route.clone()],
+            ..Default::default()
+        };
+        let store = ResourceStore::default();
+        built.publish(&store);
+        let entry = store
+            .get(WAYPOINT_ROUTE_TYPE_URL, "HTTPRoute/shop/web")
+            .expect("published");
+        assert_eq!(entry.body.type_url, WAYPOINT_ROUTE_TYPE_URL);
+        assert_eq!(
+            WaypointRoute::decode(entry.body.value.as_slice()).unwrap(),
+            route
+        );
+        assert_eq!(store.len(WAYPOINT_POLICY_TYPE_URL), 0);
+
+        built.waypoint_routes.clear();
+        built.publish(&store);
+        assert_eq!(store.len(WAYPOINT_ROUTE_TYPE_URL), 0);
     }
 }

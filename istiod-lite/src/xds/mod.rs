@@ -24,7 +24,7 @@ use shared_types::istio::xds::{
     string_field, AggregatedDiscoveryService, DeltaDiscoveryRequest, DeltaDiscoveryResponse,
     DiscoveryRequest, DiscoveryResponse, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
-use shared_types::waypoint::WAYPOINT_POLICY_TYPE_URL;
+use shared_types::waypoint::{WAYPOINT_POLICY_TYPE_URL, WAYPOINT_ROUTE_TYPE_URL};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -35,11 +35,12 @@ pub use metrics::XdsMetrics;
 pub use status::{Connections, ProxyStatus, SyncState};
 pub use store::ResourceStore;
 
-/// The types served: Istio's for ztunnels, and the waypoints' policies.
-pub const TYPES: [&str; 3] = [
+/// The types served: Istio's for ztunnels, and the waypoints' policies and routes.
+pub const TYPES: [&str; 4] = [
     ADDRESS_TYPE_URL,
     AUTHORIZATION_TYPE_URL,
     WAYPOINT_POLICY_TYPE_URL,
+    WAYPOINT_ROUTE_TYPE_URL,
 ];
 /// How long a stream may take to send its first request.
 const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

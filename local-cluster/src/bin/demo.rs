@@ -375,6 +375,81 @@ fn waypoint_demo(c: &LocalCluster, app: &str) -> Result<()> {
         "   -> each HTTP request authorized at the waypoint (its resident memory: {} MiB).",
         rss_mib(c, &waypoint_pod).unwrap_or(0)
     );
+    route_demo(c, app, &ip)
+}
+
+/// L7 routing at the waypoint: two versions of `web`, and a Gateway API HTTPRoute
+/// bound to the `web` Service (GAMMA): a header-matched rule, then a 90/10 split.
+fn route_demo(c: &LocalCluster, app: &str, waypoint_ip: &str) -> Result<()> {
+    step("L7 routing: an HTTPRoute on `web`: `x-canary: yes` to v2, the rest 90/10 to v1/v2");
+    c.kubectl_apply(WEB_VERSIONS_MANIFEST)?;
+    for pod in ["web-v1", "web-v2"] {
+        c.wait_pod_running(NS, pod, WAIT)?;
+        c.wait_redirection(NS, pod, Some("enabled"), WAIT)?;
+    }
+    println!("{}", indent(&c.kubectl_apply(WEB_ROUTE)?));
+    let reasons = [
+        "get",
+        "httproute",
+        "-n",
+        NS,
+        "web",
+        "-o",
+        "jsonpath={range .status.parents[*].conditions[*]}{.type}={.status} ({.reason}){\"\\n\"}{end}",
+    ];
+    let status = wait_for("istiod-lite to accept the route", WAIT, || {
+        let out = c.kubectl(&reasons).ok()?;
+        (out.contains("Accepted=True") && out.contains("ResolvedRefs=True")).then_some(out)
+    })?;
+    println!("   the route's status, written by istiod-lite (as Istio writes it):");
+    println!("{}", indent(status.trim()));
+    let url = "http://web:80/hello";
+    let canary = wait_for("the waypoint to apply the route", WAIT, || {
+        let body = c
+            .exec_in_pod(
+                NS,
+                "client",
+                &[app, "get", "--header", "x-canary: yes", url],
+            )
+            .ok()?;
+        body.contains("\"server\":\"v2\"").then_some(body)
+    })?;
+    println!(
+        "   $ e2e-app get --header 'x-canary: yes' {url}\n      {}",
+        canary.trim()
+    );
+    let answers = c.exec_in_pod(NS, "client", &[app, "get", "--count", "200", url])?;
+    let served = |v: &str| answers.matches(&format!("\"server\":\"{v}\"")).count();
+    println!(
+        "   $ e2e-app get --count 200 {url}\n      v1 answered {}, v2 answered {} (weights 90/10)",
+        served("v1"),
+        served("v2")
+    );
+    let metrics = c.exec_in_pod(
+        NS,
+        "client",
+        &[app, "get", &format!("http://{waypoint_ip}:15020/metrics")],
+    )?;
+    println!(
+        "   the waypoint's request metrics, by route rule (namespace.route.index) and backend:"
+    );
+    for (rule, service) in [
+        ("demo.web.0", "web-v2"),
+        ("demo.web.1", "web-v1"),
+        ("demo.web.1", "web-v2"),
+    ] {
+        let host = format!("{service}.demo.svc.cluster.local");
+        let n = metric_sum(
+            &metrics,
+            "istio_requests_total",
+            &[
+                ("reporter", "waypoint"),
+                ("route_name", rule),
+                ("destination_service", &host),
+            ],
+        );
+        println!("      istio_requests_total{{route_name=\"{rule}\", destination_service=\"{host}\"}} {n}");
+    }
     Ok(())
 }
 
@@ -417,6 +492,52 @@ spec:
   selector: {app: web}
   ports:
   - {name: http, port: 80, targetPort: 8080}
+";
+
+/// Two versions of `web`, each its own Service (what a route's backends name).
+const WEB_VERSIONS_MANIFEST: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: web-v1, namespace: demo, labels: {app: web-v1}}
+spec:
+  nodeName: node-2
+  serviceAccountName: web
+  containers:
+  - {name: http, image: \"e2e-app:local\", command: [e2e-app, http, --name, v1, --listen, \"0.0.0.0:8080\"]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-v2, namespace: demo, labels: {app: web-v2}}
+spec:
+  nodeName: node-1
+  serviceAccountName: web
+  containers:
+  - {name: http, image: \"e2e-app:local\", command: [e2e-app, http, --name, v2, --listen, \"0.0.0.0:8080\"]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-v1, namespace: demo}
+spec:
+  selector: {app: web-v1}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-v2, namespace: demo}
+spec:
+  selector: {app: web-v2}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+";
+
+/// The Gateway API route on `web` (GAMMA: its parent is the Service).
+const WEB_ROUTE: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: demo}
+spec:
+  parentRefs: [{group: \"\", kind: Service, name: web, port: 80}]
+  rules:
+  - matches: [{headers: [{name: x-canary, value: \"yes\"}]}]
+    backendRefs: [{name: web-v2, port: 80}]
+  - backendRefs: [{name: web-v1, port: 80, weight: 90}, {name: web-v2, port: 80, weight: 10}]
 ";
 
 /// Istio's L7 policy for a waypoint: attached to its Gateway by `targetRefs`.

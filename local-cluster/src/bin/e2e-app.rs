@@ -2,8 +2,10 @@
 //! clients whose output proves what crossed the mesh (byte counts, SHA-256, the
 //! peer address the server saw), and the test DNS upstream.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -74,18 +76,33 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         hold_secs: u64,
     },
-    /// An HTTP/1.1 server: every request is answered 200 with one JSON object
-    /// describing what arrived: {"method", "path", "peer", "host", "headers": {..}}.
-    /// With `--body-bytes N`, every request is read whole and answered 200 with N
-    /// bytes instead (a fixed-size response for load tests).
+    /// An HTTP/1.1 server: every request is answered with one JSON object describing
+    /// what arrived: {"server", "method", "path", "query", "peer", "headers": {..}}.
+    /// Request headers steer the answer, for tests of what a proxy does with it:
+    /// `x-e2e-status: N` answers N (else 200), `x-e2e-delay-ms: N` answers after N ms,
+    /// `x-e2e-reset: 1` closes the connection without an answer. Requests carrying
+    /// `x-e2e-key: K` are counted by K, and `GET /e2e/count?key=K` answers
+    /// {"count": n}. With `--body-bytes N`, every request is read whole and answered
+    /// 200 with N bytes instead (a fixed-size response for load tests).
     Http {
         #[arg(long)]
         listen: SocketAddr,
         #[arg(long)]
         body_bytes: Option<usize>,
+        /// The `server` of the answers (to tell several servers apart).
+        #[arg(long, default_value = "")]
+        name: String,
     },
     /// HTTP GET (for metrics and admin endpoints inside a namespace); prints the body.
-    Get { url: String },
+    /// With `--count N`, N GETs, each on its own connection, one body per line.
+    Get {
+        url: String,
+        /// A request header, `name: value` (repeatable).
+        #[arg(long = "header")]
+        headers: Vec<String>,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
     /// The test DNS upstream on UDP and TCP: `external.test.` A 192.0.2.1, `big.test.`
     /// with 40 A records (truncated over UDP without room), NXDOMAIN for every other
     /// name; NOTIMP for other opcodes, FORMERR without exactly one question, nothing
@@ -168,8 +185,24 @@ fn main() -> Result<()> {
             count,
             hold_secs,
         } => hold(connect, count, hold_secs),
-        Cmd::Get { url } => get(&url),
-        Cmd::Http { listen, body_bytes } => http_server(listen, body_bytes),
+        Cmd::Get {
+            url,
+            headers,
+            count,
+        } => {
+            for _ in 0..count {
+                get(&url, &headers)?;
+                if count > 1 {
+                    println!();
+                }
+            }
+            Ok(())
+        }
+        Cmd::Http {
+            listen,
+            body_bytes,
+            name,
+        } => http_server(listen, body_bytes, name),
         Cmd::Dns {
             listen,
             log_queries,
@@ -463,17 +496,20 @@ fn exchange(connect: SocketAddr, payload: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn get(url: &str) -> Result<()> {
+fn get(url: &str, headers: &[String]) -> Result<()> {
     let rest = url.strip_prefix("http://").context("only http:// URLs")?;
     let (host, path) = rest
         .split_once('/')
         .map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
     let mut stream = TcpStream::connect(host).with_context(|| format!("connecting to {host}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )?;
+    let mut head = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n");
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
@@ -485,7 +521,7 @@ fn get(url: &str) -> Result<()> {
     Ok(())
 }
 
-fn http_server(listen: SocketAddr, body_bytes: Option<usize>) -> Result<()> {
+fn http_server(listen: SocketAddr, body_bytes: Option<usize>, name: String) -> Result<()> {
     use http_body_util::{BodyExt, Full};
     use hyper::body::Incoming;
 
@@ -504,21 +540,60 @@ fn http_server(listen: SocketAddr, body_bytes: Option<usize>) -> Result<()> {
             })
         });
     }
-    serve_http1(listen, |peer: SocketAddr| {
+    let counts: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let name = Arc::new(name);
+    serve_http1(listen, move |peer: SocketAddr| {
+        let (counts, name) = (counts.clone(), name.clone());
         hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-            let headers: serde_json::Map<String, serde_json::Value> = request
-                .headers()
-                .iter()
-                .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
-                .collect();
-            let answer = serde_json::json!({
-                "method": request.method().as_str(),
-                "path": request.uri().path(),
-                "peer": peer.to_string(),
-                "headers": headers,
-            });
+            let header = |name: &str| {
+                request
+                    .headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let query = request.uri().query().unwrap_or("").to_owned();
+            let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(key) = header("x-e2e-key") {
+                *counts.entry(key).or_default() += 1;
+            }
+            let answer = if request.uri().path() == "/e2e/count" {
+                let key = query.strip_prefix("key=").unwrap_or("");
+                serde_json::json!({"count": counts.get(key).copied().unwrap_or(0)})
+            } else {
+                let headers: serde_json::Map<String, serde_json::Value> = request
+                    .headers()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+                    .collect();
+                serde_json::json!({
+                    "server": name.as_str(),
+                    "method": request.method().as_str(),
+                    "path": request.uri().path(),
+                    "query": query,
+                    "peer": peer.to_string(),
+                    "headers": headers,
+                })
+            };
+            drop(counts);
+            let status = header("x-e2e-status").and_then(|s| s.parse::<u16>().ok());
+            let delay = header("x-e2e-delay-ms").and_then(|s| s.parse::<u64>().ok());
+            let reset = header("x-e2e-reset").is_some();
             let body = Full::new(bytes::Bytes::from(answer.to_string()));
-            async move { Ok::<_, std::convert::Infallible>(hyper::Response::new(body)) }
+            async move {
+                if let Some(ms) = delay {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                if reset {
+                    // An error from the service makes hyper close the connection.
+                    return Err(anyhow::anyhow!("reset as asked"));
+                }
+                let mut response = hyper::Response::new(body);
+                if let Some(code) = status.and_then(|c| hyper::StatusCode::from_u16(c).ok()) {
+                    *response.status_mut() = code;
+                }
+                Ok::<_, anyhow::Error>(response)
+            }
         })
     })
 }

@@ -36,7 +36,38 @@ pub fn state_sections(state: &ProxyState) -> Map<String, Value> {
             .map(|p| serde_json::to_value(p.as_ref()).unwrap_or_default())
             .collect(),
     );
+    waypoint_sections(state, &mut out);
     out
+}
+
+/// A waypoint's own resources, as it holds them: `waypointPolicies` and
+/// `waypointRoutes` (each with its spec as Kubernetes stores it), sorted by key.
+/// Only a waypoint subscribes to them, so a ztunnel's dump keeps Istio's sections.
+fn waypoint_sections(state: &ProxyState, out: &mut Map<String, Value>) {
+    let spec = |json: &str| serde_json::from_str::<Value>(json).unwrap_or(Value::Null);
+    let mut policies: Vec<_> = state.waypoint_policies().collect();
+    policies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    if !policies.is_empty() {
+        let list = policies
+            .iter()
+            .map(|p| json!({"namespace": p.namespace, "name": p.name, "spec": spec(&p.spec_json)}));
+        out.insert("waypointPolicies".into(), list.collect());
+    }
+    let mut routes: Vec<_> = state.waypoint_routes().collect();
+    routes.sort_by_key(|r| r.key());
+    if !routes.is_empty() {
+        let list = routes.iter().map(|r| {
+            json!({
+                "kind": r.kind,
+                "namespace": r.namespace,
+                "name": r.name,
+                "generation": r.generation,
+                "creationTimestamp": r.created,
+                "spec": spec(&r.spec_json),
+            })
+        });
+        out.insert("waypointRoutes".into(), list.collect());
+    }
 }
 
 fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {

@@ -160,6 +160,22 @@ fn parse_bytes(bytes: &[u8]) -> Result<ProxyState, DiscoveryError> {
     parse_local_config(&text)
 }
 
+fn describe_local_config(state: &ProxyState) -> String {
+    let (w, s, p) = state.counts();
+    format!("{w} workloads, {s} services, {p} policies")
+}
+
+/// A file one source of the [`StateStore`] is read from, followed as it changes.
+pub struct WatchedFile {
+    pub path: PathBuf,
+    /// The store's source it replaces (so several files and xDS do not overwrite
+    /// each other).
+    pub source: &'static str,
+    pub parse: fn(&[u8]) -> Result<ProxyState, DiscoveryError>,
+    /// What a loaded state holds, for the log.
+    pub describe: fn(&ProxyState) -> String,
+}
+
 /// Loads `path` into `store` under source "local" (error if this first load fails), then
 /// watches it and reloads on change until `cancel` fires. An invalid file keeps the last
 /// good config, logs a warning and increments `errors`; a good reload increments
@@ -171,22 +187,38 @@ pub async fn watch_local_file(
     errors: Counter,
     cancel: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, DiscoveryError> {
-    let bytes = read(&path).await?;
-    let state = parse_bytes(&bytes)?;
-    let (w, s, p) = state.counts();
-    info!(path = %path.display(), workloads = w, services = s, policies = p, "local config loaded");
-    store.replace_source(SOURCE, state);
+    let file = WatchedFile {
+        path,
+        source: SOURCE,
+        parse: parse_bytes,
+        describe: describe_local_config,
+    };
+    watch_file(file, store, reloads, errors, cancel).await
+}
+
+/// [`watch_local_file`] for any [`WatchedFile`].
+pub async fn watch_file(
+    file: WatchedFile,
+    store: StateStore,
+    reloads: Counter,
+    errors: Counter,
+    cancel: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, DiscoveryError> {
+    let bytes = read(&file.path).await?;
+    let state = (file.parse)(&bytes)?;
+    info!(path = %file.path.display(), content = (file.describe)(&state), "local config loaded");
+    store.replace_source(file.source, state);
 
     let (tx, rx) = mpsc::unbounded_channel();
-    let watcher = match start_watcher(&path, tx) {
+    let watcher = match start_watcher(&file.path, tx) {
         Ok(w) => Some(w),
         Err(e) => {
-            warn!(path = %path.display(), error = %e, "cannot watch local config; polling instead");
+            warn!(path = %file.path.display(), error = %e, "cannot watch local config; polling instead");
             None
         }
     };
     let mut reloader = Reloader {
-        path,
+        file,
         store,
         reloads,
         errors,
@@ -260,7 +292,7 @@ fn is_change(kind: &EventKind) -> bool {
 
 /// Re-reads the file after a change and publishes it if it is new and valid.
 struct Reloader {
-    path: PathBuf,
+    file: WatchedFile,
     store: StateStore,
     reloads: Counter,
     errors: Counter,
@@ -272,7 +304,7 @@ struct Reloader {
 
 impl Reloader {
     async fn reload(&mut self) {
-        let mut bytes = match read(&self.path).await {
+        let mut bytes = match read(&self.file.path).await {
             Ok(b) => b,
             Err(e) => {
                 // Missing while being replaced, or deleted: keep serving the last config.
@@ -290,30 +322,25 @@ impl Reloader {
             // Likely caught between truncate and write: look once more before
             // accepting an empty mesh.
             tokio::time::sleep(DEBOUNCE).await;
-            if let Ok(again) = read(&self.path).await {
+            if let Ok(again) = read(&self.file.path).await {
                 bytes = again;
             }
         }
         if self.last_attempt.as_deref() == Some(bytes.as_slice()) {
             return;
         }
-        let result = parse_bytes(&bytes);
+        let result = (self.file.parse)(&bytes);
         self.last_attempt = Some(bytes);
         match result {
             Ok(state) => {
-                let (w, s, p) = state.counts();
-                self.store.replace_source(SOURCE, state);
+                let content = (self.file.describe)(&state);
+                self.store.replace_source(self.file.source, state);
                 self.reloads.inc();
-                info!(
-                    workloads = w,
-                    services = s,
-                    policies = p,
-                    "local config reloaded"
-                );
+                info!(path = %self.file.path.display(), content, "local config reloaded");
             }
             Err(e) => {
                 self.errors.inc();
-                warn!(path = %self.path.display(), error = %e,
+                warn!(path = %self.file.path.display(), error = %e,
                     "invalid local config; keeping the last good config");
             }
         }

@@ -11,7 +11,7 @@ pub mod xds;
 
 use tokio::sync::watch;
 
-pub use local::{parse_local_config, watch_local_file, DiscoveryError};
+pub use local::{parse_local_config, watch_file, watch_local_file, DiscoveryError, WatchedFile};
 
 /// Handle on a source that fills the store in the background: whether its first
 /// complete state has been published.

@@ -44,6 +44,10 @@ pub enum ResponseFlags {
     Denied,
     /// The upstream connection could not be made.
     ConnectFailure,
+    /// A waypoint found no route for the request, or none it could use (Envoy's `NR`).
+    NoRoute,
+    /// A waypoint's request or per-try timeout fired (Envoy's `UT`).
+    UpstreamTimeout,
 }
 
 impl EncodeLabelValue for ResponseFlags {
@@ -52,6 +56,8 @@ impl EncodeLabelValue for ResponseFlags {
             ResponseFlags::None => "-",
             ResponseFlags::Denied => "DENY",
             ResponseFlags::ConnectFailure => "CONNECT",
+            ResponseFlags::NoRoute => "NR",
+            ResponseFlags::UpstreamTimeout => "UT",
         })
     }
 }

@@ -15,7 +15,7 @@ use tracing::{debug, info};
 use super::policy::{Action, Authorization, ConnectionAttrs, Denied, Scope};
 use super::service::{Endpoint, Service};
 use super::workload::{GatewayAddress, GatewayDestination, NetworkMode, Workload};
-use shared_types::waypoint::WaypointPolicy;
+use shared_types::waypoint::{WaypointPolicy, WaypointRoute};
 
 #[derive(Debug, Default, Clone)]
 pub struct ProxyState {
@@ -36,6 +36,9 @@ pub struct ProxyState {
     /// Waypoint policies (Istio AuthorizationPolicies with `targetRefs`), by
     /// `namespace/name`; only a waypoint subscribes to them.
     waypoint_policies: HashMap<String, Arc<WaypointPolicy>>,
+    /// Waypoint routes (Gateway API routes bound to Services), by `kind/namespace/name`;
+    /// only a waypoint subscribes to them.
+    waypoint_routes: HashMap<String, Arc<WaypointRoute>>,
 }
 
 impl ProxyState {
@@ -189,6 +192,20 @@ impl ProxyState {
         self.waypoint_policies.values()
     }
 
+    /// Adds or replaces (by `kind/namespace/name`) a waypoint route.
+    pub fn insert_waypoint_route(&mut self, route: WaypointRoute) {
+        self.waypoint_routes.insert(route.key(), Arc::new(route));
+    }
+
+    pub fn remove_waypoint_route(&mut self, key: &str) -> Option<Arc<WaypointRoute>> {
+        self.waypoint_routes.remove(key)
+    }
+
+    /// Every waypoint route, in no particular order.
+    pub fn waypoint_routes(&self) -> impl Iterator<Item = &Arc<WaypointRoute>> {
+        self.waypoint_routes.values()
+    }
+
     /// Adds everything from `other`; its entries win on key collisions.
     pub fn merge_from(&mut self, other: &ProxyState) {
         for w in other.workloads.values() {
@@ -202,6 +219,9 @@ impl ProxyState {
         }
         for (key, p) in &other.waypoint_policies {
             self.waypoint_policies.insert(key.clone(), p.clone());
+        }
+        for (key, r) in &other.waypoint_routes {
+            self.waypoint_routes.insert(key.clone(), r.clone());
         }
     }
 

@@ -8,19 +8,25 @@ use prost::Message;
 use shared_types::istio::security::{self, AUTHORIZATION_TYPE_URL};
 use shared_types::istio::workload::{self, ADDRESS_TYPE_URL};
 use shared_types::istio::xds::{DeltaDiscoveryResponse, Resource};
-use shared_types::waypoint::{WaypointPolicy, WAYPOINT_POLICY_TYPE_URL};
+use shared_types::waypoint::{
+    WaypointPolicy, WaypointRoute, WAYPOINT_POLICY_TYPE_URL, WAYPOINT_ROUTE_TYPE_URL,
+};
 
 use crate::state::ProxyState;
 use mesh_model::xds::{self as convert, Converted};
 
 /// The types ztunnel subscribes to, in the order it asks for them.
 pub const TYPES: [&str; 2] = [ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL];
-/// What a waypoint subscribes to: ztunnel's types, then its policies.
-pub const WAYPOINT_TYPES: [&str; 3] = [
+/// What a waypoint subscribes to: ztunnel's types, then its policies and routes.
+pub const WAYPOINT_TYPES: [&str; 4] = [
     ADDRESS_TYPE_URL,
     AUTHORIZATION_TYPE_URL,
     WAYPOINT_POLICY_TYPE_URL,
+    WAYPOINT_ROUTE_TYPE_URL,
 ];
+
+/// The route kinds a waypoint serves (GAMMA).
+const ROUTE_KINDS: [&str; 3] = ["HTTPRoute", "GRPCRoute", "TCPRoute"];
 
 /// One refused resource (or a refused response, with an empty name).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +52,7 @@ enum Key {
     Service(String),
     Policy(String),
     WaypointPolicy(String),
+    WaypointRoute(String),
 }
 
 #[derive(Debug, Clone)]
@@ -73,6 +80,7 @@ impl Default for Resources {
 enum Decoded {
     Istio(Converted),
     WaypointPolicy(WaypointPolicy),
+    WaypointRoute(WaypointRoute),
 }
 
 impl Resources {
@@ -141,6 +149,16 @@ impl Resources {
                     .insert(name, Held { version, key });
                 return;
             }
+            Decoded::WaypointRoute(r) => {
+                let key = Key::WaypointRoute(r.key());
+                self.replace(type_url, &name, &key);
+                self.state.insert_waypoint_route(r);
+                self.held
+                    .entry(type_url)
+                    .or_default()
+                    .insert(name, Held { version, key });
+                return;
+            }
         };
         let key = match value {
             Converted::Workload(w) => {
@@ -197,6 +215,9 @@ impl Resources {
             Key::WaypointPolicy(key) => {
                 self.state.remove_waypoint_policy(key);
             }
+            Key::WaypointRoute(key) => {
+                self.state.remove_waypoint_route(key);
+            }
         }
     }
 }
@@ -228,6 +249,18 @@ fn decode(type_url: &str, resource: Resource) -> Result<Decoded, String> {
             serde_json::from_str::<serde_json::Value>(&policy.spec_json)
                 .map_err(|e| format!("the policy's spec is not JSON: {e}"))?;
             Ok(Decoded::WaypointPolicy(policy))
+        }
+        WAYPOINT_ROUTE_TYPE_URL => {
+            let route = WaypointRoute::decode(body.value.as_slice()).map_err(bad)?;
+            if route.kind.is_empty() || route.name.is_empty() || route.namespace.is_empty() {
+                return Err("the route has no kind, name or namespace".into());
+            }
+            if !ROUTE_KINDS.contains(&route.kind.as_str()) {
+                return Err(format!("the route's kind {:?} is not served", route.kind));
+            }
+            serde_json::from_str::<serde_json::Value>(&route.spec_json)
+                .map_err(|e| format!("the route's spec is not JSON: {e}"))?;
+            Ok(Decoded::WaypointRoute(route))
         }
         _ => {
             let policy = security::Authorization::decode(body.value.as_slice()).map_err(bad)?;

@@ -172,3 +172,132 @@ fn a_type_never_subscribed_is_refused_whole() {
     assert!(errors[0].reason.contains("not subscribed"));
     assert_eq!(r.state().counts(), (0, 0, 0));
 }
+
+fn waypoint_route(kind: &str, name: &str, spec_json: &str) -> WaypointRoute {
+    WaypointRoute {
+        kind: kind.into(),
+        name: name.into(),
+        namespace: "shop".into(),
+        spec_json: spec_json.into(),
+        generation: 1,
+        created: "2024-01-01T00:00:00Z".into(),
+    }
+}
+
+fn route_resource(route: &WaypointRoute, version: &str) -> Resource {
+    resource(
+        &route.key(),
+        version,
+        WAYPOINT_ROUTE_TYPE_URL,
+        route.encode_to_vec(),
+    )
+}
+
+fn routes(r: &Resources) -> Vec<(String, String)> {
+    let mut out: Vec<_> = r
+        .state()
+        .waypoint_routes()
+        .map(|r| (r.key(), r.spec_json.clone()))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn waypoint_routes_are_added_replaced_and_removed_by_name() {
+    let mut r = Resources::new(&WAYPOINT_TYPES);
+    let http = waypoint_route("HTTPRoute", "web", r#"{"rules":[]}"#);
+    let tcp = waypoint_route("TCPRoute", "db", "{}");
+    let errors = r.apply(response(
+        WAYPOINT_ROUTE_TYPE_URL,
+        vec![route_resource(&http, "1"), route_resource(&tcp, "1")],
+        &[],
+    ));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(
+        routes(&r),
+        vec![
+            ("HTTPRoute/shop/web".into(), r#"{"rules":[]}"#.into()),
+            ("TCPRoute/shop/db".into(), "{}".into()),
+        ]
+    );
+
+    let replaced = waypoint_route("HTTPRoute", "web", r#"{"rules":[{}]}"#);
+    r.apply(response(
+        WAYPOINT_ROUTE_TYPE_URL,
+        vec![route_resource(&replaced, "2")],
+        &[],
+    ));
+    assert_eq!(routes(&r)[0].1, r#"{"rules":[{}]}"#);
+    assert_eq!(
+        r.versions(WAYPOINT_ROUTE_TYPE_URL)["HTTPRoute/shop/web"],
+        "2"
+    );
+
+    r.apply(response(
+        WAYPOINT_ROUTE_TYPE_URL,
+        vec![],
+        &["TCPRoute/shop/db", "never-sent"],
+    ));
+    assert_eq!(routes(&r).len(), 1);
+    assert!(!r
+        .versions(WAYPOINT_ROUTE_TYPE_URL)
+        .contains_key("TCPRoute/shop/db"));
+    // The policies' type holds nothing of the routes.
+    assert!(r.state().waypoint_policies().next().is_none());
+}
+
+#[test]
+fn a_bad_waypoint_route_is_refused_and_the_old_version_kept() {
+    let mut r = Resources::new(&WAYPOINT_TYPES);
+    let good = waypoint_route("GRPCRoute", "api", "{}");
+    r.apply(response(
+        WAYPOINT_ROUTE_TYPE_URL,
+        vec![route_resource(&good, "1")],
+        &[],
+    ));
+    let not_json = route_resource(&waypoint_route("GRPCRoute", "api", "{rules"), "2");
+    let bad_kind = route_resource(&waypoint_route("TLSRoute", "tls", "{}"), "1");
+    let no_kind = route_resource(&waypoint_route("", "anon", "{}"), "1");
+    let no_namespace = {
+        let mut route = waypoint_route("HTTPRoute", "nowhere", "{}");
+        route.namespace.clear();
+        route_resource(&route, "1")
+    };
+    let garbage = resource("HTTPRoute/shop/x", "1", WAYPOINT_ROUTE_TYPE_URL, vec![0xff]);
+    let errors = r.apply(response(
+        WAYPOINT_ROUTE_TYPE_URL,
+        vec![not_json, bad_kind, no_kind, no_namespace, garbage],
+        &[],
+    ));
+    let reasons: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(errors.len(), 5, "{reasons:?}");
+    assert!(reasons[0].contains("not JSON"), "{reasons:?}");
+    assert!(reasons[1].contains("TLSRoute"), "{reasons:?}");
+    assert!(reasons[2].contains("no kind"), "{reasons:?}");
+    assert!(
+        reasons[3].contains("no kind, name or namespace"),
+        "{reasons:?}"
+    );
+    assert!(reasons[4].contains("decode"), "{reasons:?}");
+    assert_eq!(routes(&r), vec![("GRPCRoute/shop/api".into(), "{}".into())]);
+    assert_eq!(
+        r.versions(WAYPOINT_ROUTE_TYPE_URL)["GRPCRoute/shop/api"],
+        "1"
+    );
+}
+
+#[test]
+fn waypoint_routes_are_merged_into_another_state() {
+    let mut r = Resources::new(&WAYPOINT_TYPES);
+    let route = waypoint_route("HTTPRoute", "web", "{}");
+    r.apply(response(
+        WAYPOINT_ROUTE_TYPE_URL,
+        vec![route_resource(&route, "1")],
+        &[],
+    ));
+    let mut merged = ProxyState::default();
+    merged.merge_from(r.state());
+    let keys: Vec<String> = merged.waypoint_routes().map(|r| r.key()).collect();
+    assert_eq!(keys, vec!["HTTPRoute/shop/web"]);
+}
