@@ -355,7 +355,7 @@ fn bad_hbone_and_http_at_the_waypoint_are_refused_and_counted() -> Result<()> {
 /// A gRPC port (HTTP/2 without TLS): requests multiplexed on one client connection
 /// are authorized one by one, the server's `grpc-status` is counted as Istio's label.
 #[test]
-fn grpc_requests_share_a_connection_and_are_authorized_one_by_one() -> Result<()> {
+fn grpc_requests_share_a_connection_are_authorized_one_by_one_and_routed() -> Result<()> {
     if !test_support::can_run_root_tests() {
         return Ok(());
     }
@@ -445,6 +445,46 @@ fn grpc_requests_share_a_connection_and_are_authorized_one_by_one() -> Result<()
     assert_eq!(
         (requests("200", "0"), requests("403", "-")),
         (1.0, 1.0),
+        "{w}"
+    );
+
+    // A GRPCRoute on the port: by service and method, a filter it cannot apply (500),
+    // and a call no rule matches (404).
+    let route = format!(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {{name: grpc, namespace: vms}}\nspec:\n  parentRefs: [{{group: \"\", kind: Service, name: echo, port: {GRPC_PORT}}}]\n  rules:\n  - matches: [{{method: {{service: echo.Echo, method: Say}}}}]\n  - matches: [{{method: {{type: RegularExpression, service: \"other\\\\..*\"}}}}]\n    filters: [{{type: ExtensionRef, extensionRef: {{group: example.com, kind: Plugin, name: x}}}}]\n"
+    );
+    wp.set_objects(&format!("{deny_only}{route}"))?;
+    let statuses = wp.mesh.a.run_inside(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(async move {
+                let tcp = tokio::net::TcpStream::connect(vip).await?;
+                let (client, connection) = h2::client::handshake(tcp).await?;
+                tokio::spawn(connection);
+                let mut statuses = Vec::new();
+                for path in ["/echo.Echo/Say", "/other.Svc/Call", "/echo.Echo/Shout"] {
+                    let request = http::Request::builder()
+                        .method("POST")
+                        .uri(format!("http://{vip}{path}"))
+                        .header("content-type", "application/grpc")
+                        .body(())?;
+                    let mut ready = client.clone().ready().await?;
+                    let (response, _) = ready.send_request(request, true)?;
+                    statuses.push(response.await?.status().as_u16());
+                }
+                anyhow::Ok(statuses)
+            })
+    })??;
+    assert_eq!(statuses, [200, 500, 404]);
+    let w = ztunnel_metrics(&wp.w)?;
+    assert_eq!(
+        metric_sum(
+            &w,
+            "istio_requests_total",
+            &[("request_protocol", "grpc"), ("route_name", "vms.grpc.0")]
+        ),
+        1.0,
         "{w}"
     );
     drop(server);
