@@ -22,6 +22,7 @@ use mesh_model::route::{Filter, HeaderModifier, RequestView, Rule, ServiceRef, T
 use tokio::sync::Mutex;
 use tracing::{debug, info};
 
+use crate::config::WaypointConfig;
 use crate::metrics::RequestLabels;
 use crate::policy::{Decision, HttpAttributes};
 use crate::proxy::{BackendError, Destination, Peer, Waypoint};
@@ -274,11 +275,7 @@ impl HttpProxy {
 
     /// Routes an allowed request: the rule it takes, its filters, its backend, then
     /// the request sent with the rule's timeouts and retries.
-    async fn route(
-        &self,
-        config: &crate::config::WaypointConfig,
-        request: Request<Incoming>,
-    ) -> Outcome {
+    async fn route(&self, config: &WaypointConfig, request: Request<Incoming>) -> Outcome {
         let (mut parts, body) = request.into_parts();
         let service = self
             .dst

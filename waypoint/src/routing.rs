@@ -170,11 +170,12 @@ pub struct RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The rule's `retry`, or Istio's default.
+    /// The rule's `retry`, or Istio's default (its attempts too when the rule's
+    /// `retry` leaves them out).
     pub fn of(retry: Option<&Retry>) -> Self {
         match retry {
             Some(r) => RetryPolicy {
-                attempts: r.attempts,
+                attempts: r.attempts.unwrap_or(DEFAULT_ATTEMPTS),
                 codes: r.codes.clone(),
                 backoff: r.backoff.unwrap_or(DEFAULT_BACKOFF),
             },

@@ -139,6 +139,9 @@ fn retry_policy_defaults_to_istios() {
     let explicit = RetryPolicy::of(rule.retry.as_ref());
     assert_eq!(explicit.attempts, 4);
     assert_eq!(explicit.codes, [500, 502]);
+    // Codes without attempts: Istio's number of attempts.
+    let rule = rule_of(json!([{"retry": {"codes": [500]}}]));
+    assert_eq!(RetryPolicy::of(rule.retry.as_ref()).attempts, 2);
     // Doubling, with jitter down to half, capped at ten times the back-off.
     for n in 1..8 {
         let wait = explicit.wait(n);

@@ -223,8 +223,8 @@ pub struct Timeouts {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retry {
-    /// Retries after the first try (0: none).
-    pub attempts: u32,
+    /// Retries after the first try (0: none; `None`: the proxy's default).
+    pub attempts: Option<u32>,
     /// Response codes retried; connection failures and resets are always retried.
     pub codes: Vec<u16>,
     pub backoff: Option<Duration>,
@@ -343,7 +343,7 @@ fn compile_rule(
                 return Err(format!("retry code {bad} is not between 400 and 599"));
             }
             Ok(Retry {
-                attempts: r.attempts.unwrap_or(0),
+                attempts: r.attempts,
                 codes,
                 backoff: r.backoff.as_deref().map(gateway_duration).transpose()?,
             })

@@ -296,7 +296,7 @@ fn filters_compile() {
     assert_eq!(
         rule.retry,
         Some(Retry {
-            attempts: 3,
+            attempts: Some(3),
             codes: vec![503],
             backoff: Some(Duration::from_millis(10)),
         })
