@@ -15,9 +15,7 @@ use shared_types::constants::ZTUNNEL_DEFAULT_WORKER_THREADS;
 
 use crate::report::{added, median, ratio, single, Figure};
 use crate::Plan;
-use test_support::procfs::{
-    clock_ticks, cpu_ticks, io_syscalls, machine_busy_ticks, rss_kib, SchedCounters,
-};
+use test_support::procfs::{clock_ticks, cpu_ticks, machine_busy_ticks, rss_kib, SchedCounters};
 
 /// One ztunnel configuration under test: a topology, and what its rows are called.
 struct Setup {
@@ -93,14 +91,6 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
     let mut meshed = vec![Vec::new(); setups.len()];
     let mut switches = vec![SchedCounters::default(); setups.len()];
     let mut cpu_ticks_used = vec![0u64; setups.len()];
-    let mut syscalls = vec![0u64; setups.len()];
-    let io = |setup: &Setup| {
-        setup
-            .ztunnels()
-            .iter()
-            .map(|&p| io_syscalls(p))
-            .sum::<u64>()
-    };
     let mut mib = vec![0.0; setups.len()];
     let ticks = |setup: &Setup| setup.ztunnels().iter().map(|&p| cpu_ticks(p)).sum::<u64>();
     let gib = |gbits: f64| gbits * 1e9 / 8.0 * plan.throughput_secs as f64 / (1u64 << 30) as f64;
@@ -114,7 +104,7 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
         direct.push(gbits);
         for (i, setup) in setups.iter().enumerate() {
             let before = SchedCounters::of(&setup.ztunnels());
-            let (ticks_before, io_before) = (ticks(setup), io(setup));
+            let ticks_before = ticks(setup);
             let busy = machine_busy_ticks();
             let gbits = iperf(
                 &setup.topology.a,
@@ -125,7 +115,6 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
             machine_mesh[i].0 += machine_busy_ticks() - busy;
             machine_mesh[i].1 += gib(gbits);
             cpu_ticks_used[i] += ticks(setup) - ticks_before;
-            syscalls[i] += io(setup) - io_before;
             switches[i] += SchedCounters::of(&setup.ztunnels()) - before;
             mib[i] += gbits * 1e9 / 8.0 * plan.throughput_secs as f64 / (1 << 20) as f64;
             meshed[i].push(gbits);
@@ -153,7 +142,6 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
         // CPU time is steadier than Gbit/s on shared cores: what a GiB costs.
         let gib = mib[i] / 1024.0;
         let ztunnel_per_gib = cpu_ticks_used[i] as f64 / clock_ticks() / gib.max(f64::MIN_POSITIVE);
-        let syscalls_per_mib = syscalls[i] as f64 / mib[i].max(f64::MIN_POSITIVE);
         let mut throughput = ratio(
             &format!("throughput, {streams_label} (median){suffix}"),
             "Gbit/s",
@@ -174,19 +162,13 @@ fn throughput(setups: &[Setup], plan: &Plan, streams: u32) -> Result<Vec<Figure>
             if streams == 1 { "<= 2.5x direct" } else { "" },
         );
         machine.limit = Some(format!(
-            "the ztunnels' own {ztunnel_per_gib:.2} CPU s/GiB ({syscalls_per_mib:.0} read/write syscalls per MiB); the rest is the kernel carrying each byte over two more sockets each way"
+            "the ztunnels' own {ztunnel_per_gib:.2} CPU s/GiB; the rest is the kernel carrying each byte over two more sockets each way"
         ));
         figures.push(machine);
         figures.push(single(
             &format!("ztunnel CPU per GiB transferred, both ends, {streams_label}{suffix}"),
             "CPU s/GiB",
             ztunnel_per_gib,
-            "",
-        ));
-        figures.push(single(
-            &format!("ztunnel read+write syscalls per MiB, both ends, {streams_label}{suffix}"),
-            "/MiB",
-            syscalls_per_mib,
             "",
         ));
         if streams > 1 {

@@ -15,19 +15,6 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     field(11) + field(12) // utime, stime
 }
 
-/// Read and write system calls a process made so far (`syscr` + `syscw` of
-/// `/proc/<pid>/io`: every read, recv, write, send and their vectored forms).
-pub fn io_syscalls(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let (key, value) = l.split_once(':')?;
-            matches!(key, "syscr" | "syscw").then(|| value.trim().parse::<u64>().ok())?
-        })
-        .sum()
-}
-
 /// CPU time the whole machine spent busy so far, in clock ticks: every column of
 /// `/proc/stat`'s `cpu` line but idle and iowait (guest time is already in user).
 pub fn machine_busy_ticks() -> u64 {

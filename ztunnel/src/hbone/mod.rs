@@ -25,12 +25,6 @@ pub const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 pub const MAX_FRAME_SIZE: u32 = 1024 * 1024;
 /// Data h2 may queue per stream before the writer waits for the socket.
 pub const MAX_SEND_BUFFER: usize = 1024 * 1024;
-/// rustls reads at most one TLS record (16 KiB) per read; a buffer below it lets
-/// one syscall fetch many records.
-pub const TLS_READ_BUFFER: usize = 256 * 1024;
-/// Plaintext rustls accepts per write before it must flush ciphertext (default 64
-/// KiB): larger means fewer, bigger writes to the socket.
-pub const TLS_SEND_BUFFER_LIMIT: usize = 1024 * 1024;
 pub const SERVER_MAX_CONCURRENT_STREAMS: u32 = 200;
 pub const POOL_MAX_STREAMS_PER_CONNECTION: usize = 100;
 pub const PING_INTERVAL: Duration = Duration::from_secs(10);

@@ -250,17 +250,10 @@ impl Pool {
             .map_err(|_| HboneError::Timeout("connecting to the destination's HBONE port"))?
             .map_err(|e| HboneError::Connect(key.dst, e))?;
         let server_name = ServerName::IpAddress(key.dst.ip().into());
-        let tcp = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, tcp);
-        let mut tls = timeout(
-            HANDSHAKE_TIMEOUT,
-            tokio_rustls::TlsConnector::from(config).connect(server_name, tcp),
-        )
-        .await
-        .map_err(|_| HboneError::Timeout("in the TLS handshake"))?
-        .map_err(|e| HboneError::Tls(key.dst, e))?;
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
+        let tls = timeout(HANDSHAKE_TIMEOUT, tls::connect(config, server_name, tcp))
+            .await
+            .map_err(|_| HboneError::Timeout("in the TLS handshake"))?
+            .map_err(|e| HboneError::Tls(key.dst, e))?;
         let (sender, mut connection) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)

@@ -8,10 +8,10 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::Request;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use rustls::server::ServerConnectionData;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -41,7 +41,7 @@ pub fn connect_authority<B>(
 }
 
 /// An accepted HBONE connection after its handshake.
-pub type HboneTls = TlsStream<BufReader<TcpStream>>;
+pub type HboneTls = tls::TlsStream<ServerConnectionData, TcpStream>;
 
 /// The mutual-TLS handshake of an accepted connection, as `identity` (its leaf from
 /// `certs`, its config from `configs`): the stream and the peer's SPIFFE identity, or
@@ -62,9 +62,7 @@ pub async fn accept_tls(
             return None;
         }
     };
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    let tcp = BufReader::with_capacity(TLS_READ_BUFFER, tcp);
-    let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls::accept(config, tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             info!(error = %e, "TLS handshake failed");
@@ -77,10 +75,7 @@ pub async fn accept_tls(
             return None;
         }
     };
-    tls.get_mut()
-        .1
-        .set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
-    let Some(peer) = tls::peer_identity(tls.get_ref().1) else {
+    let Some(peer) = tls.peer_identity().cloned() else {
         // The verifier already requires one; this is only defence in depth.
         metrics.error("no_peer_identity");
         return None;

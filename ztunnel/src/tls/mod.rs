@@ -3,7 +3,11 @@
 //! TLS 1.3 only, two AES-GCM suites, ALPN `h2`, mutual authentication with SPIFFE
 //! leaves. Chains are validated by webpki; the SPIFFE checks on top (server: same
 //! trust domain; client: one of the expected identities) live in [`verifier`].
+//! rustls runs the handshake; the connection's bytes then go through our own record
+//! layer ([`record`], [`stream`]), which copies each byte once each way.
 
+pub mod record;
+mod stream;
 mod verifier;
 
 use std::sync::{Arc, Mutex, OnceLock};
@@ -16,6 +20,7 @@ use rustls::{ClientConfig, CommonState, RootCertStore, ServerConfig};
 use x509_parser::extensions::GeneralName;
 
 use crate::identity::{Identity, IdentityError, SecretManager, WorkloadCertificate};
+pub use stream::{accept, connect, TlsStream};
 use verifier::{ExpectedIdentityVerifier, TrustDomainVerifier};
 
 /// A server's TLS config for its current leaf, rebuilt only when the leaf renews.
@@ -124,6 +129,8 @@ pub fn server_config(cert: &WorkloadCertificate) -> Result<Arc<ServerConfig>, Tl
         .with_single_cert(cert.chain.clone(), cert.private_key())?;
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
     config.send_tls13_tickets = 0;
+    // Our record layer takes over after the handshake (`stream`).
+    config.enable_secret_extraction = true;
     config.session_storage = Arc::new(NoServerSessionStorage {});
     Ok(Arc::new(config))
 }
@@ -162,6 +169,7 @@ fn finish_client(mut config: ClientConfig) -> ClientConfig {
     config.enable_sni = false;
     // A ticket is keyed by IP; after pod IP reuse it would resume with the old pod.
     config.resumption = Resumption::disabled();
+    config.enable_secret_extraction = true;
     config
 }
 
