@@ -31,6 +31,15 @@ fn route(parents: Value, backends: Value, status: Value) -> DynamicObject {
     .unwrap()
 }
 
+/// The usual case: `web` (a Service parent) sending to `web-v2`, no status yet.
+fn web_to_v2() -> DynamicObject {
+    route(
+        json!([web_parent()]),
+        json!([{"name": "web-v2", "port": 80}]),
+        json!([]),
+    )
+}
+
 /// (type, status, reason, message) of each condition of entry `i`.
 fn conditions(parents: &[Value], i: usize) -> Vec<(String, String, String, String)> {
     parents[i]["conditions"]
@@ -55,11 +64,7 @@ fn condition(
 
 #[test]
 fn a_route_to_existing_services_is_accepted_with_its_refs_resolved() {
-    let r = route(
-        json!([web_parent()]),
-        json!([{"name": "web-v2", "port": 80}]),
-        json!([]),
-    );
+    let r = web_to_v2();
     let parents = parents_status(
         &r,
         &services(&[("shop", "web"), ("shop", "web-v2")]),
@@ -90,11 +95,7 @@ fn a_route_to_existing_services_is_accepted_with_its_refs_resolved() {
 
 #[test]
 fn a_missing_parent_service_is_no_matching_parent() {
-    let r = route(
-        json!([web_parent()]),
-        json!([{"name": "web-v2", "port": 80}]),
-        json!([]),
-    );
+    let r = web_to_v2();
     let parents = parents_status(&r, &services(&[("shop", "web-v2")]), Ok(()), DOMAIN, &at(0));
     assert_eq!(
         conditions(&parents, 0)[0],
@@ -109,11 +110,7 @@ fn a_missing_parent_service_is_no_matching_parent() {
 
 #[test]
 fn a_spec_that_does_not_compile_is_not_accepted() {
-    let r = route(
-        json!([web_parent()]),
-        json!([{"name": "web-v2", "port": 80}]),
-        json!([]),
-    );
+    let r = web_to_v2();
     let parents = parents_status(
         &r,
         &services(&[("shop", "web"), ("shop", "web-v2")]),
